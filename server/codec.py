@@ -1,0 +1,204 @@
+"""Wire codec: the SDK's protobuf messages to plain numpy arrays and back.
+
+The message classes come from the `tinker` package itself (`tinker.proto.tinker_public_pb2`), so
+the server and the SDK can never disagree about the schema. Everything here is pure and raises
+`WireError` (a user error) on anything malformed; nothing touches the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from tinker.proto import tinker_public_pb2 as pb
+
+_PROTO_TO_NUMPY = {
+    pb.DTYPE_FLOAT32: np.dtype("<f4"),
+    pb.DTYPE_INT64: np.dtype("<i8"),
+    pb.DTYPE_INT32: np.dtype("<i4"),
+}
+_PAD_VALUES = {"target_prompt_logprobs": -1}
+MAX_TENSOR_ELEMENTS = 1 << 26
+
+
+class WireError(ValueError):
+    """A request body that cannot be decoded; always the client's fault."""
+
+
+@dataclass
+class Datum:
+    """One training example: input tokens and per-position loss inputs (all length N)."""
+
+    tokens: np.ndarray
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class ForwardBackwardCall:
+    model_id: str
+    seq_id: int
+    loss_fn: str
+    loss_fn_config: dict[str, float | str]
+    forward_only: bool
+    data: list[Datum]
+
+
+def _frombuffer(buf: bytes, dtype: np.dtype, what: str) -> np.ndarray:
+    if len(buf) % dtype.itemsize:
+        raise WireError(f"{what}: {len(buf)} bytes is not a whole number of {dtype} values")
+    return np.frombuffer(buf, dtype=dtype)
+
+
+def decode_tensor(msg: pb.Tensor, name: str) -> np.ndarray:
+    """A dense numpy array from a proto Tensor (dense or sparse CSR)."""
+    dtype = _PROTO_TO_NUMPY.get(msg.dtype)
+    if dtype is None:
+        raise WireError(f"loss_fn_inputs[{name!r}]: unsupported dtype {msg.dtype}")
+    shape = [int(s) for s in msg.shape]
+    if any(s < 0 for s in shape) or int(np.prod(shape or [0])) > MAX_TENSOR_ELEMENTS:
+        raise WireError(f"loss_fn_inputs[{name!r}]: invalid shape {shape}")
+    if msg.HasField("sparse_csr"):
+        if len(shape) != 2:
+            raise WireError(f"loss_fn_inputs[{name!r}]: sparse tensors must be 2-D")
+        csr = msg.sparse_csr
+        values = _frombuffer(csr.values, dtype, name)
+        crow = _frombuffer(csr.crow_indices, np.dtype("<i8"), name)
+        cols = _frombuffer(csr.col_indices, np.dtype("<i8"), name)
+        rows, width = shape
+        valid = (
+            len(crow) == rows + 1
+            and crow[0] == 0
+            and crow[-1] == len(values) == len(cols)
+            and bool(np.all(np.diff(crow) >= 0))
+            and bool(np.all((cols >= 0) & (cols < width)))
+        )
+        if not valid:
+            raise WireError(f"loss_fn_inputs[{name!r}]: inconsistent sparse CSR indices")
+        dense = np.full(shape, _PAD_VALUES.get(name, 0), dtype=dtype)
+        row_of = np.repeat(np.arange(rows), np.diff(crow))
+        dense[row_of, cols] = values
+        return dense.astype(dtype.newbyteorder("="), copy=False)
+    flat = _frombuffer(msg.dense, dtype, name)
+    if not shape:
+        shape = [flat.size]
+    if int(np.prod(shape)) != flat.size:
+        raise WireError(f"loss_fn_inputs[{name!r}]: {flat.size} values do not fill shape {shape}")
+    return flat.reshape(shape).astype(dtype.newbyteorder("="))
+
+
+def decode_tokens(datum: pb.Datum, index: int) -> np.ndarray:
+    parts: list[np.ndarray] = []
+    for chunk in datum.model_input:
+        kind = chunk.WhichOneof("chunk")
+        if kind != "encoded_text":
+            raise WireError(f"data[{index}]: {kind} chunks are not supported by this text model")
+        parts.append(_frombuffer(chunk.encoded_text.tokens, np.dtype("<i4"), "tokens"))
+    if not parts:
+        raise WireError(f"data[{index}]: empty model_input")
+    return np.concatenate(parts).astype(np.int64)
+
+
+def _loss_config(msg: pb.ForwardBackwardRequest) -> dict[str, float | str]:
+    config: dict[str, float | str] = {k: float(v) for k, v in msg.loss_fn_config.items()}
+    for key, value in msg.loss_fn_config_v2.items():
+        kind = value.WhichOneof("value")
+        if kind == "number":
+            config[key] = float(value.number)
+        elif kind == "text":
+            config[key] = value.text
+    return config
+
+
+def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
+    """Decode a ForwardBackwardRequest body (already decompressed)."""
+    msg = pb.ForwardBackwardRequest()
+    try:
+        msg.ParseFromString(body)
+    except Exception as exc:  # protobuf raises DecodeError and friends
+        raise WireError(f"malformed ForwardBackwardRequest protobuf: {exc}") from None
+    if not msg.model_id:
+        raise WireError("ForwardBackwardRequest.model_id is required")
+    data = []
+    for i, datum in enumerate(msg.data):
+        tokens = decode_tokens(datum, i)
+        inputs = {name: decode_tensor(t, name) for name, t in datum.loss_fn_inputs.items()}
+        data.append(Datum(tokens=tokens, inputs=inputs))
+    return ForwardBackwardCall(
+        model_id=msg.model_id,
+        seq_id=int(msg.seq_id),
+        loss_fn=msg.loss_fn or "cross_entropy",
+        loss_fn_config=_loss_config(msg),
+        forward_only=bool(msg.forward_only),
+        data=data,
+    )
+
+
+def _batched(arrays: list[np.ndarray], dtype: np.dtype, proto_dtype: int) -> pb.BatchedTensor:
+    parts = [np.ascontiguousarray(a, dtype=dtype) for a in arrays]
+    sizes = [p.nbytes for p in parts]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype("<i8")
+    trailing = list(parts[0].shape[1:]) if parts else []
+    return pb.BatchedTensor(
+        data=b"".join(p.tobytes() for p in parts),
+        offsets=offsets.tobytes(),
+        dtype=proto_dtype,
+        trailing_shape=trailing,
+    )
+
+
+def encode_forward_backward_output(
+    outputs: list[dict[str, np.ndarray]], metrics: dict[str, float]
+) -> bytes:
+    """Per-datum output arrays (e.g. `logprobs`) and `name:reduction` metrics as protobuf."""
+    record = pb.ArrayRecord(type_tag="ArrayRecord", num_datums=len(outputs))
+    names = sorted(outputs[0]) if outputs else []
+    for name in names:
+        record.fields[name].CopyFrom(
+            _batched([o[name] for o in outputs], np.dtype("<f4"), pb.DTYPE_FLOAT32)
+        )
+    msg = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
+    msg.loss_fn_outputs.append(record)
+    for key, value in metrics.items():
+        msg.metrics[key] = float(value)
+    return msg.SerializeToString()
+
+
+@dataclass
+class SampledSequence:
+    tokens: list[int]
+    logprobs: list[float]
+    stopped: bool
+    topk: tuple[np.ndarray, np.ndarray] | None = None
+
+
+@dataclass
+class SampleResult:
+    sequences: list[SampledSequence]
+    prompt_logprobs: np.ndarray | None = None
+    topk_prompt: tuple[np.ndarray, np.ndarray] | None = None
+
+
+def _topk(ids: np.ndarray, logprobs: np.ndarray) -> pb.TopkLogprobs:
+    length, k = ids.shape
+    return pb.TopkLogprobs(
+        token_ids=np.ascontiguousarray(ids, dtype="<i4").tobytes(),
+        logprobs=np.ascontiguousarray(logprobs, dtype="<f4").tobytes(),
+        k=k,
+        length=length,
+    )
+
+
+def encode_sample_response(result: SampleResult) -> bytes:
+    msg = pb.SampleResponse()
+    for seq in result.sequences:
+        out = msg.sequences.add()
+        out.stop_reason = pb.STOP_REASON_STOP if seq.stopped else pb.STOP_REASON_LENGTH
+        out.tokens = np.asarray(seq.tokens, dtype="<i4").tobytes()
+        out.logprobs = np.asarray(seq.logprobs, dtype="<f4").tobytes()
+        if seq.topk is not None:
+            out.topk_sampled_logprobs.CopyFrom(_topk(*seq.topk))
+    if result.prompt_logprobs is not None:
+        msg.prompt_logprobs = np.asarray(result.prompt_logprobs, dtype="<f4").tobytes()
+    if result.topk_prompt is not None:
+        msg.topk_prompt_logprobs.CopyFrom(_topk(*result.topk_prompt))
+    return msg.SerializeToString()

@@ -1,0 +1,518 @@
+"""The engine: all tensor work on the one resident base model.
+
+It knows nothing of HTTP, sessions or ordering. It is given *jobs* (forward_backward for some
+training runs, optimizer steps, sampling requests) and runs them as padded batches, several
+runs fused into one batch where asked, each row through its own LoRA adapter. Validation of
+user data happens here too, because only the engine knows the vocabulary and the model.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from server import losses
+from server.codec import Datum, SampledSequence, SampleResult
+from server.lora import AdapterWeights, LoraSpec, RowGroup, new_adapter, routing, wrap_model
+from server.model_loading import LoadedModel
+
+
+class UserError(ValueError):
+    """The request is invalid; report it to the client as a `user` error."""
+
+
+@dataclass
+class AdamParams:
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+
+@dataclass
+class RunState:
+    """What the engine holds for one training run: its adapter and its own optimizer."""
+
+    adapter: AdapterWeights
+    optimizer: torch.optim.AdamW
+    steps: int = 0
+
+
+@dataclass
+class ForwardBackwardJob:
+    state: RunState
+    data: list[Datum]
+    loss_fn: str
+    loss_fn_config: dict[str, float | str]
+    forward_only: bool
+
+
+@dataclass
+class ForwardBackwardResult:
+    outputs: list[dict[str, np.ndarray]]
+    metrics: dict[str, float]
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop: list[str] | list[int] | None = None
+
+
+@dataclass
+class SampleJob:
+    adapter: AdapterWeights | None
+    prompt: list[int]
+    num_samples: int
+    params: SamplingParams
+    prompt_logprobs: bool = False
+    topk_prompt_logprobs: int = 0
+    topk_sample_logprobs: int = 0
+
+
+@dataclass
+class EngineStats:
+    """Counters for observability; the scheduler reads them."""
+
+    busy_seconds: float = 0.0
+    train_tokens: int = 0
+    sample_tokens: int = 0
+    train_batches: int = 0
+    sample_batches: int = 0
+    last_batch_rows: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+DEFAULT_MAX_TOKENS = 256
+TOKENS_PER_MICROBATCH = 8192
+
+
+def _pad(rows: list[np.ndarray], width: int, value: float, dtype: torch.dtype) -> torch.Tensor:
+    """Right-pad 1-D or 2-D per-row arrays to `width` positions."""
+    trailing = rows[0].shape[1:]
+    out = torch.full((len(rows), width, *trailing), value, dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.from_numpy(np.ascontiguousarray(row)).to(dtype)
+    return out
+
+
+def _cache_of(output: object) -> object:
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
+
+
+class Engine:
+    """Owns the base model and runs batched training and sampling on it."""
+
+    def __init__(self, loaded: LoadedModel, max_context: int | None = None):
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.model_name = loaded.model_name
+        self.device = loaded.device
+        self.dtype = loaded.dtype
+        self.layers = wrap_model(self.model)
+        config = self.model.config
+        self.vocab_size = int(self.model.get_output_embeddings().out_features)
+        self.max_context = int(max_context or getattr(config, "max_position_embeddings", 8192))
+        self.eos_ids = self._eos_ids()
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.stats = EngineStats()
+        self.lock = threading.Lock()
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        gen = getattr(self.model, "generation_config", None)
+        for source in (getattr(gen, "eos_token_id", None), self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(int(i) for i in source)
+        end_of_turn = self.tokenizer.convert_tokens_to_ids("<end_of_turn>")
+        if isinstance(end_of_turn, int) and end_of_turn != self.tokenizer.unk_token_id:
+            ids.add(end_of_turn)  # chat-tuned Gemma ends its turns with this token
+        return ids
+
+    # ----------------------------------------------------------------- runs
+    def create_run(self, spec: LoraSpec, seed: int) -> RunState:
+        if not 1 <= spec.rank <= 512:
+            raise UserError(f"LoRA rank must be between 1 and 512, got {spec.rank}")
+        if not (spec.train_attn or spec.train_mlp or spec.train_unembed):
+            raise UserError("at least one of train_attn, train_mlp, train_unembed must be true")
+        adapter = new_adapter(self.layers, spec, seed, self.device)
+        return RunState(adapter, self._optimizer(adapter))
+
+    def _optimizer(self, adapter: AdapterWeights) -> torch.optim.AdamW:
+        return torch.optim.AdamW(adapter.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-12,
+                                 weight_decay=0.0)
+
+    def restore_run(self, adapter: AdapterWeights, optimizer_state: dict | None) -> RunState:
+        for tensor in adapter.parameters():
+            tensor.requires_grad_(True)
+        state = RunState(adapter, self._optimizer(adapter))
+        if optimizer_state is not None:
+            state.optimizer.load_state_dict(optimizer_state)
+        return state
+
+    # ----------------------------------------------------------- validation
+    def validate(self, job: ForwardBackwardJob) -> None:
+        loss_fn = losses.resolve(job.loss_fn)
+        required = losses.REQUIRED_INPUTS[job.loss_fn]
+        if not job.data:
+            raise UserError("forward_backward needs at least one datum")
+        for i, datum in enumerate(job.data):
+            n = len(datum.tokens)
+            if n == 0:
+                raise UserError(f"data[{i}]: empty model_input")
+            if n > self.max_context:
+                raise UserError(f"data[{i}]: {n} tokens exceed the context of {self.max_context}")
+            self._check_vocab(datum.tokens, f"data[{i}].model_input")
+            missing = [k for k in required if k not in datum.inputs]
+            if missing:
+                raise UserError(f"data[{i}]: loss {job.loss_fn!r} needs loss_fn_inputs {missing}")
+            for name, arr in datum.inputs.items():
+                if arr.shape[0] != n:
+                    raise UserError(
+                        f"data[{i}].loss_fn_inputs[{name!r}] has length {arr.shape[0]}, "
+                        f"but model_input has {n} tokens"
+                    )
+                if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+                    raise UserError(f"data[{i}].loss_fn_inputs[{name!r}] has NaN or inf")
+            targets = datum.inputs["target_tokens"]
+            self._check_vocab(targets, f"data[{i}].target_tokens")
+            if targets.ndim == 2 and job.loss_fn != "cross_entropy":
+                raise UserError(f"2-D target_tokens are only supported by cross_entropy")
+            if job.loss_fn == "cross_entropy":
+                weights = datum.inputs["weights"]
+                if weights.shape != targets.shape and weights.shape != targets.shape[:1]:
+                    raise UserError(f"data[{i}]: weights shape {weights.shape} does not match "
+                                    f"target_tokens shape {targets.shape}")
+        del loss_fn
+
+    def _check_vocab(self, tokens: np.ndarray, what: str) -> None:
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+            bad = int(tokens.max()) if tokens.max() >= self.vocab_size else int(tokens.min())
+            raise UserError(f"{what}: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+
+    # ------------------------------------------------------------- training
+    def _target_logprobs(
+        self, tokens: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        """log p(target | prefix) for `[B, T, K]` targets, without materialising log_softmax."""
+        logits = self.model(input_ids=tokens, attention_mask=mask, use_cache=False).logits.float()
+        normaliser = torch.logsumexp(logits, dim=-1, keepdim=True)
+        return torch.gather(logits, -1, targets) - normaliser
+
+    def forward_backward(self, jobs: list[ForwardBackwardJob]) -> list[ForwardBackwardResult]:
+        """Run several runs' forward_backward work as fused, padded micro-batches.
+
+        Rows of one job stay contiguous; micro-batches split only between jobs or between rows,
+        so gradient accumulation gives each run exactly the gradient of its own loss sum.
+        """
+        started = time.perf_counter()
+        rows: list[tuple[int, int]] = [(j, i) for j, job in enumerate(jobs) for i in range(len(job.data))]
+        per_row_lp: dict[tuple[int, int], np.ndarray] = {}
+        per_row_loss: dict[tuple[int, int], float] = {}
+        for chunk in self._microbatches(jobs, rows):
+            self._run_microbatch(jobs, chunk, per_row_lp, per_row_loss)
+        results = []
+        for j, job in enumerate(jobs):
+            outputs = [{"logprobs": per_row_lp[(j, i)]} for i in range(len(job.data))]
+            loss = sum(per_row_loss[(j, i)] for i in range(len(job.data)))
+            results.append(ForwardBackwardResult(outputs, {"loss:sum": loss}))
+        self.stats.busy_seconds += time.perf_counter() - started
+        self.stats.train_batches += 1
+        self.stats.last_batch_rows = len(rows)
+        self.stats.train_tokens += sum(len(jobs[j].data[i].tokens) for j, i in rows)
+        return results
+
+    def _microbatches(
+        self, jobs: list[ForwardBackwardJob], rows: list[tuple[int, int]]
+    ) -> list[list[tuple[int, int]]]:
+        chunks: list[list[tuple[int, int]]] = [[]]
+        longest = 0
+        for row in rows:
+            n = len(jobs[row[0]].data[row[1]].tokens)
+            if chunks[-1] and max(longest, n) * (len(chunks[-1]) + 1) > TOKENS_PER_MICROBATCH:
+                chunks.append([])
+                longest = 0
+            chunks[-1].append(row)
+            longest = max(longest, n)
+        return chunks
+
+    def _run_microbatch(
+        self,
+        jobs: list[ForwardBackwardJob],
+        chunk: list[tuple[int, int]],
+        per_row_lp: dict[tuple[int, int], np.ndarray],
+        per_row_loss: dict[tuple[int, int], float],
+    ) -> None:
+        datums = [jobs[j].data[i] for j, i in chunk]
+        width = max(len(d.tokens) for d in datums)
+        tokens = _pad([d.tokens for d in datums], width, 0, torch.long).to(self.device)
+        mask = _pad([np.ones(len(d.tokens)) for d in datums], width, 0, torch.long).to(self.device)
+        two_d = {d.inputs["target_tokens"].ndim == 2 for d in datums}
+        if len(two_d) > 1:
+            # 1-D and 2-D targets cannot share one tensor; run them apart.
+            for flag in sorted(two_d):
+                sub = [r for r in chunk if (jobs[r[0]].data[r[1]].inputs["target_tokens"].ndim == 2) == flag]
+                self._run_microbatch(jobs, sub, per_row_lp, per_row_loss)
+            return
+        targets = _pad([d.inputs["target_tokens"] for d in datums], width, 0, torch.long)
+        one_d = targets.dim() == 2
+        targets = (targets.unsqueeze(-1) if one_d else targets).to(self.device)
+        # One row group per job, in chunk order (rows of a job are contiguous).
+        spans: list[tuple[int, int, int]] = []
+        for k, (j, _) in enumerate(chunk):
+            if spans and spans[-1][0] == j:
+                spans[-1] = (j, spans[-1][1], k + 1)
+            else:
+                spans.append((j, k, k + 1))
+        groups = [RowGroup(jobs[j].state.adapter, a, b) for j, a, b in spans]
+        needs_grad = any(not jobs[j].forward_only for j, _ in chunk)
+        with torch.set_grad_enabled(needs_grad), routing(groups):
+            target_lp = self._target_logprobs(tokens, mask, targets)
+            if one_d:
+                target_lp = target_lp.squeeze(-1)
+            total = torch.zeros((), device=self.device)
+            for j, a, b in spans:
+                job, members = jobs[j], chunk[a:b]
+                names = {name for _, i in members for name in job.data[i].inputs}
+                names.discard("target_tokens")
+                inputs = {
+                    name: _pad([job.data[i].inputs[name] for _, i in members], width, 0,
+                               torch.float32).to(self.device)
+                    for name in names
+                }
+                row_losses = losses.resolve(job.loss_fn)(target_lp[a:b], inputs, job.loss_fn_config)
+                if not job.forward_only:
+                    total = total + row_losses.sum()
+                for k, (_, i) in enumerate(members):
+                    n = len(job.data[i].tokens)
+                    per_row_lp[(j, i)] = target_lp[a + k, :n].detach().float().cpu().numpy()
+                    per_row_loss[(j, i)] = float(row_losses[k].detach())
+            if needs_grad and total.requires_grad:
+                total.backward()
+
+    def optim_step(self, state: RunState, params: AdamParams) -> dict[str, float]:
+        """One AdamW step on this run only; its gradient norm is clipped on its own gradients."""
+        started = time.perf_counter()
+        tensors = state.adapter.parameters()
+        grads = [t for t in tensors if t.grad is not None]
+        clip = params.grad_clip_norm if params.grad_clip_norm > 0 else math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(grads, clip)) if grads else 0.0
+        for group in state.optimizer.param_groups:
+            group["lr"] = params.learning_rate
+            group["betas"] = (params.beta1, params.beta2)
+            group["eps"] = params.eps
+            group["weight_decay"] = params.weight_decay
+        state.optimizer.step()
+        state.optimizer.zero_grad(set_to_none=True)
+        state.steps += 1
+        self.stats.busy_seconds += time.perf_counter() - started
+        return {"grad_norm:mean": norm, "learning_rate:mean": params.learning_rate}
+
+    # -------------------------------------------------------------- sampling
+    def validate_sample(self, job: SampleJob) -> None:
+        if not job.prompt:
+            raise UserError("the prompt is empty")
+        self._check_vocab(np.asarray(job.prompt), "prompt")
+        if not 1 <= job.num_samples <= 1024:
+            raise UserError(f"num_samples must be between 1 and 1024, got {job.num_samples}")
+        p = job.params
+        if p.max_tokens is not None and p.max_tokens < 0:
+            raise UserError("max_tokens must not be negative")
+        if p.temperature < 0 or not math.isfinite(p.temperature):
+            raise UserError("temperature must be a finite number >= 0")
+        if not 0 < p.top_p <= 1:
+            raise UserError("top_p must be in (0, 1]")
+        if len(job.prompt) + self._max_new(job) > self.max_context:
+            raise UserError(f"prompt plus max_tokens exceeds the context of {self.max_context}")
+        if isinstance(p.stop, list) and p.stop and isinstance(p.stop[0], int):
+            self._check_vocab(np.asarray(p.stop), "stop token")
+
+    @staticmethod
+    def _max_new(job: SampleJob) -> int:
+        return DEFAULT_MAX_TOKENS if job.params.max_tokens is None else job.params.max_tokens
+
+    @torch.inference_mode()
+    def prompt_logprobs(
+        self, adapter: AdapterWeights | None, prompt: list[int], topk: int = 0
+    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+        """Logprob of each prompt token given its prefix (NaN at position 0), untempered."""
+        tokens = torch.tensor([prompt], device=self.device)
+        with routing([RowGroup(adapter, 0, 1)]):
+            logits = self.model(input_ids=tokens, use_cache=False).logits[0].float()
+        logp = torch.log_softmax(logits[:-1], dim=-1)
+        picked = torch.gather(logp, -1, tokens[0, 1:, None])[:, 0]
+        values = np.concatenate([[np.nan], picked.cpu().numpy()]).astype(np.float32)
+        top = None
+        if topk > 0:
+            lp, ids = torch.topk(logp, min(topk, logp.shape[-1]), dim=-1)
+            pad_ids = np.zeros((1, ids.shape[1]), dtype=np.int32)
+            pad_lp = np.full((1, ids.shape[1]), -99999.0, dtype=np.float32)
+            top = (
+                np.concatenate([pad_ids, ids.cpu().numpy().astype(np.int32)]),
+                np.concatenate([pad_lp, lp.cpu().numpy().astype(np.float32)]),
+            )
+        return values, top
+
+    @torch.inference_mode()
+    def sample(self, jobs: list[SampleJob]) -> list[SampleResult]:
+        """Decode every job's samples together in one batched loop with a KV cache."""
+        started = time.perf_counter()
+        results = [SampleResult(sequences=[]) for _ in jobs]
+        for job, result in zip(jobs, results):
+            if job.prompt_logprobs or job.topk_prompt_logprobs:
+                values, top = self.prompt_logprobs(job.adapter, job.prompt, job.topk_prompt_logprobs)
+                result.prompt_logprobs = values if job.prompt_logprobs else None
+                result.topk_prompt = top
+        decoding = [(j, job) for j, job in enumerate(jobs) if self._max_new(job) > 0]
+        for j, job in enumerate(jobs):
+            if self._max_new(job) == 0:
+                results[j].sequences = [SampledSequence([], [], False) for _ in range(job.num_samples)]
+        if decoding:
+            sequences = self._decode([job for _, job in decoding])
+            for (j, _), seqs in zip(decoding, sequences):
+                results[j].sequences = seqs
+        self.stats.busy_seconds += time.perf_counter() - started
+        self.stats.sample_batches += 1
+        return results
+
+    def _decode(self, jobs: list[SampleJob]) -> list[list[SampledSequence]]:
+        prompts = [job.prompt for job in jobs for _ in range(job.num_samples)]
+        owners = [j for j, job in enumerate(jobs) for _ in range(job.num_samples)]
+        rows = len(prompts)
+        width = max(len(p) for p in prompts)
+        pad_id = int(self.tokenizer.pad_token_id or 0)
+        tokens = torch.full((rows, width), pad_id, dtype=torch.long)
+        mask = torch.zeros((rows, width), dtype=torch.long)
+        for r, prompt in enumerate(prompts):  # left padding keeps every row's last token aligned
+            tokens[r, width - len(prompt) :] = torch.tensor(prompt)
+            mask[r, width - len(prompt) :] = 1
+        tokens, mask = tokens.to(self.device), mask.to(self.device)
+        groups, start = [], 0
+        for job in jobs:
+            groups.append(RowGroup(job.adapter, start, start + job.num_samples))
+            start += job.num_samples
+        generators = [
+            torch.Generator().manual_seed(
+                job.params.seed if job.params.seed is not None else int(torch.randint(0, 2**62, ()))
+            )
+            for job in jobs
+        ]
+        stops = [self._stop_rule(job) for job in jobs]
+        max_new = [self._max_new(job) for job in jobs]
+        out_tokens: list[list[int]] = [[] for _ in range(rows)]
+        out_lps: list[list[float]] = [[] for _ in range(rows)]
+        stopped = [False] * rows
+        done = [False] * rows
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with routing(groups):
+            out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions,
+                             use_cache=True, logits_to_keep=1)
+            cache = _cache_of(out)
+            logits = out.logits[:, -1].float()
+            step = 0
+            while True:
+                next_tokens = self._choose(jobs, owners, logits, generators, out_tokens, out_lps, done)
+                for r in range(rows):
+                    if done[r]:
+                        continue
+                    j = owners[r]
+                    if stops[j](out_tokens[r]):
+                        done[r] = stopped[r] = True
+                    elif len(out_tokens[r]) >= max_new[j]:
+                        done[r] = True
+                step += 1
+                if all(done):
+                    break
+                mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype, device=self.device)], 1)
+                positions = positions[:, -1:] + 1
+                out = self.model(input_ids=next_tokens[:, None], attention_mask=mask,
+                                 position_ids=positions, use_cache=True, **{self._cache_kw: cache})
+                cache = _cache_of(out)
+                logits = out.logits[:, -1].float()
+        self.stats.sample_tokens += sum(len(t) for t in out_tokens)
+        results: list[list[SampledSequence]] = [[] for _ in jobs]
+        for r in range(rows):
+            results[owners[r]].append(SampledSequence(out_tokens[r], out_lps[r], stopped[r]))
+        return results
+
+    def _choose(
+        self,
+        jobs: list[SampleJob],
+        owners: list[int],
+        logits: torch.Tensor,
+        generators: list[torch.Generator],
+        out_tokens: list[list[int]],
+        out_lps: list[list[float]],
+        done: list[bool],
+    ) -> torch.Tensor:
+        """Pick each row's next token under its job's sampling parameters."""
+        chosen = torch.zeros(len(owners), dtype=torch.long)
+        start = 0
+        for j, job in enumerate(jobs):
+            rows = slice(start, start + job.num_samples)
+            start += job.num_samples
+            p = job.params
+            block = logits[rows].cpu()
+            if p.temperature == 0:
+                logp = torch.log_softmax(block, -1)
+                picks = block.argmax(-1)
+            else:
+                scaled = block / p.temperature
+                logp = torch.log_softmax(scaled, -1)
+                filtered = scaled
+                if p.top_k and p.top_k > 0 and p.top_k < filtered.shape[-1]:
+                    kth = torch.topk(filtered, p.top_k, dim=-1).values[:, -1:]
+                    filtered = filtered.masked_fill(filtered < kth, -math.inf)
+                if p.top_p < 1.0:
+                    sorted_logits, order = torch.sort(filtered, descending=True, dim=-1)
+                    cum = torch.softmax(sorted_logits, -1).cumsum(-1)
+                    drop = cum - torch.softmax(sorted_logits, -1) > p.top_p
+                    sorted_logits = sorted_logits.masked_fill(drop, -math.inf)
+                    filtered = torch.full_like(filtered, -math.inf).scatter(-1, order, sorted_logits)
+                probs = torch.softmax(filtered, -1)
+                picks = torch.multinomial(probs, 1, generator=generators[j])[:, 0]
+            picked_lp = torch.gather(logp, -1, picks[:, None])[:, 0]
+            for k, r in enumerate(range(rows.start, rows.stop)):
+                chosen[r] = picks[k]
+                if not done[r]:
+                    out_tokens[r].append(int(picks[k]))
+                    out_lps[r].append(float(picked_lp[k]))
+        return chosen.to(self.device)
+
+    def _stop_rule(self, job: SampleJob):
+        """A predicate on the generated tokens: has this row hit a stop condition?"""
+        stop = job.params.stop
+        if stop is None:
+            eos = self.eos_ids
+            return lambda toks: bool(toks) and toks[-1] in eos
+        if not stop:
+            return lambda toks: False
+        if isinstance(stop[0], int):
+            ids = set(stop)
+            return lambda toks: bool(toks) and toks[-1] in ids
+        strings = [s for s in stop if s]
+        window = max(len(s) for s in strings) + 8 if strings else 0
+
+        def hit(toks: list[int]) -> bool:
+            if not strings or not toks:
+                return False
+            tail = self.tokenizer.decode(toks[-window:])
+            return any(s in tail for s in strings)
+
+        return hit

@@ -1,0 +1,190 @@
+"""Multi-LoRA layers: one resident base model, any number of adapters, chosen per batch row.
+
+Every targeted `nn.Linear` of the base model is wrapped once in a `MultiLoRALinear`. A forward
+pass is told, through `routing(...)`, which rows of the batch belong to which adapter; each row
+gets `base(x) + scale * B(A(x))` with its own adapter, so rows from different training runs (or
+sampler snapshots) can share one batch and gradients land only in the adapter that produced
+them. With no routing in effect the layer is exactly the base layer.
+
+Adapters are plain tensors (`AdapterWeights`); the layers own none of them, so a training run, a
+frozen sampler snapshot and a checkpoint are all the same kind of value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+UNEMBED_MODULES = ("lm_head",)
+LORA_ALPHA = 32.0
+"""Fixed alpha, so the effective scale is alpha / rank (the convention of the hosted service)."""
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """What an adapter covers: its rank and which module families it trains."""
+
+    rank: int
+    train_attn: bool = True
+    train_mlp: bool = True
+    train_unembed: bool = True
+    alpha: float = LORA_ALPHA
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    def module_suffixes(self) -> tuple[str, ...]:
+        suffixes: tuple[str, ...] = ()
+        if self.train_attn:
+            suffixes += ATTN_MODULES
+        if self.train_mlp:
+            suffixes += MLP_MODULES
+        if self.train_unembed:
+            suffixes += UNEMBED_MODULES
+        return suffixes
+
+
+@dataclass
+class AdapterWeights:
+    """LoRA matrices of one adapter, keyed by the base model's module name."""
+
+    spec: LoraSpec
+    a: dict[str, torch.Tensor] = field(default_factory=dict)
+    b: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [t for name in sorted(self.a) for t in (self.a[name], self.b[name])]
+
+    def frozen_copy(self) -> AdapterWeights:
+        """An immutable snapshot: detached clones that later training cannot touch."""
+        return AdapterWeights(
+            self.spec,
+            {k: v.detach().clone() for k, v in self.a.items()},
+            {k: v.detach().clone() for k, v in self.b.items()},
+        )
+
+    def to(self, device: torch.device | str) -> AdapterWeights:
+        return AdapterWeights(
+            self.spec,
+            {k: v.detach().to(device) for k, v in self.a.items()},
+            {k: v.detach().to(device) for k, v in self.b.items()},
+        )
+
+    def num_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.parameters())
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """Rows `start:stop` of the batch use `adapter` (None means the plain base model)."""
+
+    adapter: AdapterWeights | None
+    start: int
+    stop: int
+
+
+_ROUTING: contextvars.ContextVar[tuple[RowGroup, ...] | None] = contextvars.ContextVar(
+    "lora_routing", default=None
+)
+
+
+@contextlib.contextmanager
+def routing(groups: list[RowGroup]) -> Iterator[None]:
+    """Route batch rows to adapters for the forward passes inside this block."""
+    token = _ROUTING.set(tuple(groups))
+    try:
+        yield
+    finally:
+        _ROUTING.reset(token)
+
+
+class MultiLoRALinear(nn.Module):
+    """An `nn.Linear` plus per-row LoRA deltas chosen by the current routing."""
+
+    def __init__(self, base: nn.Linear, name: str):
+        super().__init__()
+        self.base = base
+        self.name = name
+
+    @property
+    def weight(self) -> torch.Tensor:  # keeps tied-weight and dtype lookups working
+        return self.base.weight
+
+    @property
+    def in_features(self) -> int:
+        return self.base.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.base(x)
+        groups = _ROUTING.get()
+        if not groups:
+            return out
+        batch = x.shape[0]
+        for group in groups:
+            adapter = group.adapter
+            if adapter is None or self.name not in adapter.a:
+                continue
+            a, b = adapter.a[self.name], adapter.b[self.name]
+            if group.start == 0 and group.stop == batch:
+                out = out + (x.to(a.dtype) @ a.T @ b.T).to(out.dtype) * adapter.spec.scale
+                continue
+            rows = x[group.start : group.stop].to(a.dtype)
+            delta = (rows @ a.T @ b.T).to(out.dtype) * adapter.spec.scale
+            pad = (0, 0) * (out.dim() - 1) + (group.start, batch - group.stop)
+            out = out + nn.functional.pad(delta, pad)
+        return out
+
+
+def wrap_model(model: nn.Module) -> dict[str, MultiLoRALinear]:
+    """Wrap every LoRA-capable linear layer of `model` in place; returns them by name."""
+    wanted = ATTN_MODULES + MLP_MODULES + UNEMBED_MODULES
+    targets = [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in wanted
+    ]
+    wrapped: dict[str, MultiLoRALinear] = {}
+    for name, module in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        layer = MultiLoRALinear(module, name)
+        setattr(parent, child, layer)
+        wrapped[name] = layer
+    return wrapped
+
+
+def new_adapter(
+    layers: dict[str, MultiLoRALinear],
+    spec: LoraSpec,
+    seed: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+) -> AdapterWeights:
+    """A fresh adapter: A Kaiming-uniform from `seed` (as PEFT does), B zero, so it starts as a no-op."""
+    generator = torch.Generator().manual_seed(seed)
+    suffixes = spec.module_suffixes()
+    adapter = AdapterWeights(spec)
+    for name in sorted(layers):
+        if name.rsplit(".", 1)[-1] not in suffixes:
+            continue
+        layer = layers[name]
+        a = torch.empty(spec.rank, layer.in_features, dtype=torch.float32)
+        bound = 1.0 / math.sqrt(layer.in_features)  # kaiming_uniform_ with a=sqrt(5)
+        a.uniform_(-bound, bound, generator=generator)
+        b = torch.zeros(layer.out_features, spec.rank, dtype=torch.float32)
+        adapter.a[name] = a.to(device=device, dtype=dtype).requires_grad_(True)
+        adapter.b[name] = b.to(device=device, dtype=dtype).requires_grad_(True)
+    return adapter

