@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 
+from server.logs import configure as configure_logging
 from server.runtime import ServerConfig, serve
+from server.service import Limits
 
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
@@ -28,18 +29,30 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
                         help="run each training run's batches alone instead of fusing runs")
     parser.add_argument("--tokenizer-id", default=None,
                         help="tokenizer id reported to clients (default: the model's)")
+    parser.add_argument("--max-runs-per-key", type=int, default=None)
+    parser.add_argument("--max-queued-tokens-per-key", type=int, default=None,
+                        help="beyond this, submissions get 429 and the SDK retries later")
+    parser.add_argument("--max-resident-runs", type=int, default=None,
+                        help="cap on adapters kept in device memory; idle ones spill to disk")
+    parser.add_argument("--idle-evict-seconds", type=float, default=None,
+                        help="spill a run's adapter to disk after this long without requests")
+    parser.add_argument("--log-json", action="store_true", help="structured JSON log lines")
     args = parser.parse_args(argv)
     config = ServerConfig(model=args.model, device=args.device, dtype=args.dtype, host=args.host,
                           port=args.port, api_keys_file=args.api_keys_file, fuse=not args.no_fuse,
-                          tokenizer_id=args.tokenizer_id)
+                          tokenizer_id=args.tokenizer_id,
+                          limits=Limits(args.max_runs_per_key, args.max_queued_tokens_per_key,
+                                        args.max_resident_runs, args.idle_evict_seconds))
+    config.log_json = args.log_json  # type: ignore[attr-defined]
     if args.data_dir is not None:
         config.data_dir = args.data_dir
     return config
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    serve(parse_args(argv))
+    config = parse_args(argv)
+    configure_logging(json_lines=getattr(config, "log_json", False))
+    serve(config)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from server.codec import WireError, decode_forward_backward
 from server.engine import UserError
 from server.futures import LONG_POLL_SECONDS, FutureRecord
 from server.losses import LossError
-from server.service import NotFound, TrainingService
+from server.service import Backpressure, NotFound, QuotaExceeded, TrainingService
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,14 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
                     return _error(401, str(exc), "authentication_error")
                 except NotFound as exc:
                     return _error(404, str(exc), "not_found")
+                except QuotaExceeded as exc:
+                    response = _error(429, str(exc), "quota_exceeded")
+                    response.headers["x-should-retry"] = "false"
+                    return response
+                except Backpressure as exc:
+                    response = _error(429, str(exc), "backpressure")
+                    response.headers["retry-after"] = "1"
+                    return response
                 except BodyTooLarge as exc:
                     return _error(413, str(exc), "payload_too_large")
                 except (UserError, LossError, CheckpointError, WireError, KeyError, TypeError,
@@ -142,6 +150,18 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
     @route("GET", "/healthz", authenticated=False)
     async def healthz(request: Request):
         return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus scrape endpoint (no key: scrape it from inside the cluster only)."""
+        gauge = service.metrics.queue_depth
+        gauge.clear()
+        for run_id, depth in service.scheduler.queue_depths().items():
+            if run_id == "_sampling":
+                service.metrics.sampling_queue.set(depth)
+            elif not run_id.startswith("_"):
+                gauge.labels(run_id).set(depth)
+        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @route("GET", "/get_server_capabilities")
     async def capabilities(request: Request, who: str):

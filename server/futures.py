@@ -31,6 +31,7 @@ class FutureRecord:
     category: str = "user"
     finished_at: float | None = None
     queue_state: str = "active"
+    run_id: str | None = None
 
 
 class FutureStore:

@@ -21,7 +21,7 @@ from server.checkpoints import CheckpointStore
 from server.engine import Engine
 from server.futures import FutureStore
 from server.model_loading import default_cache_dir, embedded_cache_path, is_embedded, load_base_model
-from server.service import TrainingService
+from server.service import Limits, TrainingService
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ class ServerConfig:
     fuse: bool = True
     tokenizer_id: str | None = None
     max_context: int | None = None
+    limits: Limits = field(default_factory=Limits)
 
 
 def is_loopback(host: str) -> bool:
@@ -67,7 +68,7 @@ def build_service(config: ServerConfig) -> tuple[TrainingService, KeyRing]:
         tokenizer_id = str(embedded_cache_path())
     store = CheckpointStore(config.data_dir)
     service = TrainingService(engine, store, FutureStore(), fuse=config.fuse,
-                              tokenizer_id=tokenizer_id)
+                              tokenizer_id=tokenizer_id, limits=config.limits)
     return service, keys
 
 

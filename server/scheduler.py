@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from server.engine import Engine, ForwardBackwardJob, SampleJob
+from server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class Work:
     action: Callable[[], object] | None = None
     seq_id: int | None = None
     tokens: int = 0
+    owner: str = ""
     enqueued: float = field(default_factory=time.monotonic)
 
 
@@ -60,9 +62,16 @@ class RunGone(LookupError):
 
 class Scheduler:
     def __init__(self, engine: Engine, fuse: bool = True, max_sample_rows: int = 64,
-                 max_fused_rows: int = 256):
+                 max_fused_rows: int = 256, metrics: ServerMetrics | None = None,
+                 maintenance_seconds: float = 1.0, max_fused_runs: int | None = None):
         self.engine = engine
         self.fuse = fuse
+        self.metrics = metrics or ServerMetrics()
+        self.maintenance_seconds = maintenance_seconds
+        self.max_fused_runs = max_fused_runs
+        self.on_idle: Callable[[], None] | None = None
+        self.before_batch: Callable[[str, list[Work]], None] | None = None
+        self._queued_tokens: collections.Counter[str] = collections.Counter()
         self.max_sample_rows = max_sample_rows
         self.max_fused_rows = max_fused_rows
         self._cond = threading.Condition()
@@ -72,7 +81,6 @@ class Scheduler:
         self._samples: collections.deque[Work] = collections.deque()
         self._last_was_sampling = False
         self._stopping = False
-        self.on_batch: Callable[[str, int], None] | None = None
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._thread.start()
 
@@ -87,8 +95,21 @@ class Scheduler:
         with self._cond:
             return run_id in self._streams
 
+    def queued_tokens(self, owner: str) -> int:
+        with self._cond:
+            return self._queued_tokens[owner]
+
+    def _enqueued(self, work: Work) -> None:
+        self._queued_tokens[work.owner] += work.tokens
+
+    def _dequeued(self, work: Work) -> None:
+        self._queued_tokens[work.owner] -= work.tokens
+        if self._queued_tokens[work.owner] <= 0:
+            del self._queued_tokens[work.owner]
+
     def submit_control(self, work: Work) -> None:
         with self._cond:
+            self._enqueued(work)
             self._control.append(work)
             self._cond.notify()
 
@@ -102,11 +123,13 @@ class Scheduler:
             if work.seq_id < stream.next_seq or work.seq_id in stream.pending:
                 return False
             stream.pending[work.seq_id] = work
+            self._enqueued(work)
             self._cond.notify()
             return True
 
     def submit_sample(self, work: Work) -> None:
         with self._cond:
+            self._enqueued(work)
             self._samples.append(work)
             self._cond.notify()
 
@@ -116,6 +139,9 @@ class Scheduler:
             stream = self._streams.pop(run_id, None)
             if run_id in self._order:
                 self._order.remove(run_id)
+            if stream:
+                for work in stream.pending.values():
+                    self._dequeued(work)
         if stream:
             for work in stream.pending.values():
                 work.done(None, RunGone(reason))
@@ -145,7 +171,9 @@ class Scheduler:
     def _take_turn(self) -> tuple[str, list[Work]] | None:
         """Choose the next batch of work (called with the lock held)."""
         if self._control:
-            return "control", [self._control.popleft()]
+            work = self._control.popleft()
+            self._dequeued(work)
+            return "control", [work]
         heads = self._ready_heads()
         want_sampling = bool(self._samples) and (not heads or not self._last_was_sampling)
         if want_sampling:
@@ -153,6 +181,7 @@ class Scheduler:
             while self._samples and (not batch or rows + self._samples[0].sample.num_samples
                                      <= self.max_sample_rows):
                 work = self._samples.popleft()
+                self._dequeued(work)
                 rows += work.sample.num_samples
                 batch.append(work)
             return "sample", batch
@@ -169,39 +198,81 @@ class Scheduler:
             return "action", [action]
         batch, rows = [], 0
         for head in heads:
-            count = len(head.job.data)
-            if batch and rows + count > self.max_fused_rows:
+            if self.max_fused_runs is not None and len(batch) >= self.max_fused_runs:
                 break
-            batch.append(head)
-            rows += count
-            self._advance(head)
+            # A run's consecutive forward_backward chunks join the same batch.
+            stream, work = self._streams[head.run_id], head
+            while work is not None and work.job is not None:
+                count = len(work.job.data)
+                if batch and rows + count > self.max_fused_rows:
+                    break
+                batch.append(work)
+                rows += count
+                self._advance(work)
+                work = stream.head()
+            if rows >= self.max_fused_rows:
+                break
         return "train", batch
 
     def _advance(self, work: Work) -> None:
         """Pop a run's head and send the run to the back of the round-robin order."""
         stream = self._streams[work.run_id]
         del stream.pending[work.seq_id]
+        self._dequeued(work)
         stream.next_seq += 1
         self._order.remove(work.run_id)
         self._order.append(work.run_id)
 
     def _loop(self) -> None:
+        last_maintenance = time.monotonic()
         while True:
             with self._cond:
                 turn = self._take_turn()
                 while turn is None and not self._stopping:
-                    self._cond.wait(timeout=1.0)
+                    self._cond.wait(timeout=self.maintenance_seconds)
                     turn = self._take_turn()
+                    if turn is None:
+                        break
                 if self._stopping:
                     return
+            if time.monotonic() - last_maintenance >= self.maintenance_seconds or turn is None:
+                last_maintenance = time.monotonic()
+                self._maintain()
+            if turn is None:
+                continue
             kind, batch = turn
             self._last_was_sampling = kind == "sample"
-            self._execute(kind, batch)
-            if self.on_batch is not None:
-                self.on_batch(kind, len(batch))
+            self.metrics.duty.begin()
+            try:
+                self._execute(kind, batch)
+            finally:
+                self.metrics.duty.end()
+            self._record(kind, batch)
+
+    def _maintain(self) -> None:
+        """Housekeeping on the engine thread (eviction), between batches or when idle."""
+        if self.on_idle is None:
+            return
+        try:
+            self.on_idle()
+        except Exception:  # noqa: BLE001 - housekeeping must never stop the engine
+            log.exception("maintenance failed")
+
+    def _record(self, kind: str, batch: list[Work]) -> None:
+        if kind == "train":
+            rows = sum(len(w.job.data) for w in batch)
+            self.metrics.record_tokens("train", sum(w.tokens for w in batch))
+        elif kind == "sample":
+            rows = sum(w.sample.num_samples for w in batch)
+        else:
+            return
+        self.metrics.batch_rows.labels(kind).observe(rows)
+        self.metrics.batch_runs.labels(kind).observe(len({w.run_id for w in batch}))
 
     def _execute(self, kind: str, batch: list[Work]) -> None:
         try:
+            if self.before_batch is not None:
+                self.before_batch(kind, batch)
             if kind == "train":
                 results = self.engine.forward_backward([w.job for w in batch])
             elif kind == "sample":
@@ -219,5 +290,8 @@ class Scheduler:
             log.debug("%s failed: %s", batch[0].label, exc, exc_info=True)
             batch[0].done(None, exc)
             return
+        if kind == "sample":
+            generated = sum(len(seq.tokens) for r in results for seq in r.sequences)
+            self.metrics.record_tokens("sample", generated)
         for work, result in zip(batch, results):
             work.done(result, None)

@@ -11,8 +11,10 @@ import datetime as dt
 import itertools
 import logging
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,6 +38,8 @@ from server.engine import (
 from server.futures import FutureRecord, FutureStore
 from server.lora import AdapterWeights, LoraSpec
 from server.losses import LossError
+from server.metrics import ServerMetrics
+from server.residency import Residency
 from server.scheduler import RunGone, Scheduler, Work
 
 log = logging.getLogger(__name__)
@@ -45,6 +49,24 @@ USER_ERRORS = (UserError, LossError, CheckpointError, RunGone, ValueError, KeyEr
 
 class NotFound(LookupError):
     """Unknown (or not yours) session, run, sampler or checkpoint."""
+
+
+class QuotaExceeded(PermissionError):
+    """A per-key limit that waiting will not lift (e.g. too many runs): HTTP 429, no retry."""
+
+
+class Backpressure(RuntimeError):
+    """The key has too much work queued: HTTP 429, which the SDK retries after a pause."""
+
+
+@dataclass
+class Limits:
+    """Per-key quotas and memory bounds; None means unlimited."""
+
+    max_runs_per_key: int | None = None
+    max_queued_tokens_per_key: int | None = None
+    max_resident_runs: int | None = None
+    idle_evict_seconds: float | None = None
 
 
 @dataclass
@@ -68,6 +90,8 @@ class Run:
     user_metadata: dict[str, Any]
     state: RunState | None = None
     last_request: str = field(default_factory=now_iso)
+    spill_path: Path | None = None
+    last_used: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -85,11 +109,19 @@ def _str_metadata(meta: dict[str, Any] | None) -> dict[str, str] | None:
 
 class TrainingService:
     def __init__(self, engine: Engine, store: CheckpointStore, futures: FutureStore,
-                 fuse: bool = True, tokenizer_id: str | None = None):
+                 fuse: bool = True, tokenizer_id: str | None = None,
+                 limits: Limits | None = None):
         self.engine = engine
         self.store = store
         self.futures = futures
-        self.scheduler = Scheduler(engine, fuse=fuse)
+        self.limits = limits or Limits()
+        self.metrics = ServerMetrics()
+        self.residency = Residency(engine, store.root / ".spill", self.metrics,
+                                   self.limits.max_resident_runs, self.limits.idle_evict_seconds)
+        self.scheduler = Scheduler(engine, fuse=fuse, metrics=self.metrics,
+                                   max_fused_runs=self.limits.max_resident_runs)
+        self.scheduler.on_idle = self._maintain
+        self.scheduler.before_batch = self._prepare_batch
         self.base_model = engine.model_name
         self.tokenizer_id = tokenizer_id or engine.model_name
         self.sessions: dict[str, Session] = {}
@@ -113,6 +145,41 @@ class TrainingService:
         run.last_request = now_iso()
         return run
 
+    def _check_run_quota(self, owner: str) -> None:
+        limit = self.limits.max_runs_per_key
+        if limit is not None and sum(r.owner == owner for r in self.runs.values()) >= limit:
+            self.metrics.rejections.labels("max_runs").inc()
+            raise QuotaExceeded(f"this key already has {limit} training runs (the limit); "
+                                "delete one to create another")
+
+    def _check_backlog(self, owner: str, tokens: int) -> None:
+        limit = self.limits.max_queued_tokens_per_key
+        if limit is not None and self.scheduler.queued_tokens(owner) + tokens > limit:
+            if self.scheduler.queued_tokens(owner) == 0:
+                raise UserError(f"one request of {tokens} tokens exceeds this key's queue limit "
+                                f"of {limit} tokens")
+            self.metrics.rejections.labels("queued_tokens").inc()
+            raise Backpressure(f"this key has {self.scheduler.queued_tokens(owner)} tokens queued "
+                               f"(limit {limit}); retry shortly")
+
+    def _maintain(self) -> None:
+        busy = {rid for rid, depth in self.scheduler.queue_depths().items() if depth}
+        self.residency.evict_idle(busy)
+
+    def _prepare_batch(self, kind: str, batch: list[Work]) -> None:
+        """Make every run a batch needs resident before the engine starts on it."""
+        pinned = {w.run_id for w in batch if w.run_id}
+        for run_id in pinned:
+            run = self.runs.get(run_id)
+            if run is not None and (run.state is not None or run.spill_path is not None):
+                self.residency.touch(run, pinned)
+
+    def _state(self, run: Run) -> RunState:
+        try:
+            return self.residency.touch(run)
+        except LookupError as exc:
+            raise UserError(str(exc)) from None
+
     def _check_base_model(self, base_model: str | None) -> None:
         if base_model and base_model != self.base_model:
             raise UserError(
@@ -131,12 +198,21 @@ class TrainingService:
         """A scheduler callback that resolves `record` from a result or an error."""
 
         def done(result: object | None, error: BaseException | None) -> None:
+            fields = {"request_id": record.request_id, "run_id": record.run_id,
+                      "kind": record.kind, "seconds": round(time.monotonic() - record.created, 4)}
             if error is not None:
                 category = "user" if isinstance(error, USER_ERRORS) else "server"
                 if category == "server":
-                    log.exception("request %s failed", record.request_id, exc_info=error)
+                    log.error("request failed", exc_info=error,
+                              extra={**fields, "outcome": "error", "category": category})
+                else:
+                    log.info("request rejected: %s", error,
+                             extra={**fields, "outcome": "error", "category": category})
+                self.metrics.requests.labels(record.kind, "error").inc()
                 self.futures.fail(record, str(error) or type(error).__name__, category)
                 return
+            log.info("request done", extra={**fields, "outcome": "ok"})
+            self.metrics.requests.labels(record.kind, "ok").inc()
             try:
                 if to_proto is not None:
                     self.futures.resolve_proto(record, to_proto(result))
@@ -155,8 +231,9 @@ class TrainingService:
             if existing is not None:
                 return existing
         record = self.futures.create(owner, kind)
+        record.run_id = run.run_id
         work: Work = make_work(record)
-        work.run_id, work.seq_id = run.run_id, seq_id
+        work.run_id, work.seq_id, work.owner = run.run_id, seq_id, owner
         if seq_id is None:
             self.scheduler.submit_control(work)
             return record
@@ -187,6 +264,7 @@ class TrainingService:
     def create_model(self, owner: str, body: dict[str, Any]) -> FutureRecord:
         session = self._session(owner, body["session_id"])
         self._check_base_model(body.get("base_model"))
+        self._check_run_quota(owner)
         lora = body.get("lora_config") or {}
         spec = LoraSpec(
             rank=int(lora.get("rank", 32)),
@@ -206,11 +284,12 @@ class TrainingService:
 
         def create() -> dict[str, Any]:
             run.state = self.engine.create_run(spec, seed)
+            self.residency.adopt(run)
             self._persist_run(run)
             return {"model_id": run_id, "type": "create_model"}
 
         def make(record: FutureRecord) -> Work:
-            return Work(run_id, "create_model", self._complete(record), action=create)
+            return Work(run_id, "create_model", self._complete(record), action=create, owner=owner)
 
         record = self.futures.create(owner, "create_model")
         self.scheduler.submit_control(make(record))
@@ -242,9 +321,7 @@ class TrainingService:
         }
 
     def _require_state(self, run: Run) -> RunState:
-        if run.state is None:
-            raise UserError(f"training run {run.run_id} has no weights loaded")
-        return run.state
+        return self._state(run)
 
     def forward_backward(self, owner: str, call: ForwardBackwardCall) -> FutureRecord:
         run = self._run(owner, call.model_id)
@@ -256,20 +333,21 @@ class TrainingService:
         except USER_ERRORS as exc:
             invalid = exc
         kind = "forward" if call.forward_only else "forward_backward"
+        tokens = sum(len(d.tokens) for d in job.data)
+        self._check_backlog(owner, tokens)
 
         def make(record: FutureRecord) -> Work:
             done = self._complete(record, to_proto=_encode_fb)
             if invalid is not None:
                 def reject() -> None:
                     raise invalid
-                return Work(run.run_id, kind, done, action=reject)
-            work = Work(run.run_id, kind, done, job=job, tokens=sum(len(d.tokens) for d in job.data))
-            return work
+                return Work(run.run_id, kind, done, action=reject, owner=owner)
+            return Work(run.run_id, kind, done, job=job, tokens=tokens, owner=owner)
 
         record = self._ordered(owner, run, call.seq_id, kind, make)
         # The run's state is bound when the job executes, not when it is queued: a load_weights
         # queued before it must take effect first.
-        job.state = _LazyState(run)  # type: ignore[assignment]
+        job.state = _LazyState(self, run)  # type: ignore[assignment]
         return record
 
     def optim_step(self, owner: str, body: dict[str, Any]) -> FutureRecord:
@@ -362,8 +440,10 @@ class TrainingService:
 
         def load() -> dict[str, Any]:
             adapter, opt_state, _ = self.store.load(path, self.engine.device, with_optimizer)
+            self.residency.forget(run)
             run.spec = adapter.spec
             run.state = self.engine.restore_run(adapter, opt_state)
+            self.residency.adopt(run)
             return {"path": str(path), "model_id": run.run_id, "type": "load_weights"}
 
         return self._ordered(owner, run, body.get("seq_id"), "load_weights",
@@ -373,6 +453,7 @@ class TrainingService:
                          with_optimizer: bool) -> FutureRecord:
         session = self._session(owner, body["session_id"])
         self._check_base_model(body.get("base_model"))
+        self._check_run_quota(owner)
         run_id = f"{session.session_id}:train:{int(body['model_seq_id'])}"
         if run_id in self.runs:
             raise UserError(f"model_seq_id {body['model_seq_id']} was already used in this session")
@@ -387,11 +468,13 @@ class TrainingService:
             adapter, opt_state, _ = self.store.load(path, self.engine.device, with_optimizer)
             run.spec = adapter.spec
             run.state = self.engine.restore_run(adapter, opt_state)
+            self.residency.adopt(run)
             self._persist_run(run)
             return {"path": str(path), "model_id": run_id, "type": "load_weights"}
 
         record = self.futures.create(owner, "load_weights")
-        self.scheduler.submit_control(Work(run_id, "load_weights", self._complete(record), action=load))
+        self.scheduler.submit_control(Work(run_id, "load_weights", self._complete(record), action=load,
+                                           owner=owner))
         return record
 
     # ---------------------------------------------------------- sampling
@@ -457,11 +540,12 @@ class TrainingService:
                         prompt_logprobs=bool(body.get("prompt_logprobs")),
                         topk_prompt_logprobs=int(body.get("topk_prompt_logprobs") or 0))
         self.engine.validate_sample(job)
+        self._check_backlog(owner, (len(tokens) + Engine._max_new(job)) * num)
         record = self.futures.create(owner, "sample")
         ids = [f"{record.request_id}:{i}" for i in range(num)]
         self.scheduler.submit_sample(
             Work(None, "sample", self._complete(record, to_proto=encode_sample_response), sample=job,
-                 tokens=len(tokens) * num)
+                 tokens=(len(tokens) + Engine._max_new(job)) * num, owner=owner)
         )
         return record, ids
 
@@ -575,20 +659,24 @@ class TrainingService:
         run = self._run(owner, run_id)
         self.scheduler.close_stream(run_id, f"training run {run_id} was deleted")
         del self.runs[run_id]
-        run.state = None
+
+        def free() -> None:
+            self.residency.forget(run)
+
+        self.scheduler.submit_control(Work(run_id, "delete_run", lambda *_: None, action=free,
+                                           owner=owner))
 
 
 class _LazyState:
-    """Resolves a run's engine state at execution time (after earlier loads in its stream)."""
+    """Resolves a run's engine state at execution time (after earlier loads in its stream),
+    reloading it first if it was evicted."""
 
-    def __init__(self, run: Run):
+    def __init__(self, service: TrainingService, run: Run):
+        self._service = service
         self._run = run
 
     def __getattr__(self, name: str):
-        state = self._run.state
-        if state is None:
-            raise UserError(f"training run {self._run.run_id} has no weights loaded")
-        return getattr(state, name)
+        return getattr(self._service._state(self._run), name)
 
 
 def _encode_fb(result: ForwardBackwardResult) -> bytes:

@@ -1,0 +1,109 @@
+"""Observability: Prometheus metrics and the engine's duty cycle.
+
+Each server owns its own `CollectorRegistry` (several servers can live in one process, as in
+tests). The duty cycle is the fraction of wall time the engine spent computing, over a sliding
+window: it is the number that says whether clients keep the accelerator busy while they
+compute rewards.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class DutyCycle:
+    """Busy intervals of the engine thread, summarised over a sliding window."""
+
+    def __init__(self, window_seconds: float = 60.0):
+        self.window = window_seconds
+        self._intervals: collections.deque[tuple[float, float]] = collections.deque()
+        self._lock = threading.Lock()
+        self._busy_since: float | None = None
+        self.started = time.monotonic()
+
+    def begin(self) -> None:
+        self._busy_since = time.monotonic()
+
+    def end(self) -> None:
+        if self._busy_since is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            self._intervals.append((self._busy_since, now))
+            while self._intervals and self._intervals[0][1] < now - self.window:
+                self._intervals.popleft()
+        self._busy_since = None
+
+    def fraction(self, window: float | None = None, now: float | None = None) -> float:
+        """Busy share of the last `window` seconds (counting a batch still running)."""
+        now = time.monotonic() if now is None else now
+        span = min(window or self.window, now - self.started)
+        if span <= 0:
+            return 0.0
+        start = now - span
+        with self._lock:
+            intervals = list(self._intervals)
+        if self._busy_since is not None:
+            intervals.append((self._busy_since, now))
+        busy = sum(max(0.0, min(b, now) - max(a, start)) for a, b in intervals)
+        return min(1.0, busy / span)
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.queue_depth = Gauge("autoresearch_queue_depth", "Requests waiting, per training run",
+                                 ["run_id"], registry=r)
+        self.sampling_queue = Gauge("autoresearch_sampling_queue_depth",
+                                    "Sample requests waiting", registry=r)
+        self.batch_rows = Histogram("autoresearch_batch_rows", "Rows per engine batch", ["kind"],
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
+        self.batch_runs = Histogram("autoresearch_batch_runs", "Distinct runs fused per batch",
+                                    ["kind"], buckets=(1, 2, 3, 4, 6, 8, 16, 32), registry=r)
+        self.tokens = Counter("autoresearch_tokens", "Tokens processed", ["kind"], registry=r)
+        self.tokens_per_second = Gauge("autoresearch_tokens_per_second",
+                                       "Tokens per second over the last minute", ["kind"],
+                                       registry=r)
+        self.duty_cycle = Gauge("autoresearch_engine_duty_cycle",
+                                "Fraction of wall time the engine computed (last minute)",
+                                registry=r)
+        self.resident_adapters = Gauge("autoresearch_resident_adapters",
+                                       "Training runs whose adapter is in device memory",
+                                       registry=r)
+        self.evictions = Counter("autoresearch_evictions", "Runs evicted from device memory",
+                                 registry=r)
+        self.requests = Counter("autoresearch_requests", "Completed requests", ["kind", "outcome"],
+                                registry=r)
+        self.rejections = Counter("autoresearch_backpressure_rejections",
+                                  "Requests refused with 429 by quota", ["reason"], registry=r)
+        self.duty = DutyCycle()
+        self._token_events: dict[str, collections.deque[tuple[float, int]]] = {
+            "train": collections.deque(), "sample": collections.deque()
+        }
+
+    def record_tokens(self, kind: str, count: int) -> None:
+        self.tokens.labels(kind).inc(count)
+        events = self._token_events[kind]
+        now = time.monotonic()
+        events.append((now, count))
+        while events and events[0][0] < now - 60:
+            events.popleft()
+
+    def refresh(self) -> None:
+        """Update the derived gauges right before a scrape."""
+        now = time.monotonic()
+        for kind, events in self._token_events.items():
+            span = min(60.0, now - self.duty.started) or 1.0
+            self.tokens_per_second.labels(kind).set(
+                sum(c for t, c in events if t >= now - 60) / span
+            )
+        self.duty_cycle.set(self.duty.fraction())
+
+    def render(self) -> bytes:
+        self.refresh()
+        return generate_latest(self.registry)
