@@ -127,6 +127,9 @@ class Engine:
         self.vocab_size = int(self.model.get_output_embeddings().out_features)
         self.max_context = int(max_context or getattr(config, "max_position_embeddings", 8192))
         self.eos_ids = self._eos_ids()
+        self._body = self.model.get_decoder()
+        self._head = self.model.get_output_embeddings()
+        self._softcap = getattr(config, "final_logit_softcapping", None)
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.stats = EngineStats()
@@ -207,13 +210,58 @@ class Engine:
             raise UserError(f"{what}: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
 
     # ------------------------------------------------------------- training
+    def _head_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor,
+                       groups: list[RowGroup]) -> torch.Tensor:
+        """log p(target) from final hidden states, through the (LoRA-routed) output head."""
+        with routing(groups):
+            logits = self._head(hidden).float()
+        if self._softcap:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return torch.gather(logits, -1, targets) - torch.logsumexp(logits, dim=-1, keepdim=True)
+
     def _target_logprobs(
-        self, tokens: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
+        self, tokens: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor,
+        groups: list[RowGroup], active: torch.Tensor | None,
     ) -> torch.Tensor:
-        """log p(target | prefix) for `[B, T, K]` targets, without materialising log_softmax."""
-        logits = self.model(input_ids=tokens, attention_mask=mask, use_cache=False).logits.float()
-        normaliser = torch.logsumexp(logits, dim=-1, keepdim=True)
-        return torch.gather(logits, -1, targets) - normaliser
+        """log p(target | prefix) for `[B, T, K]` targets.
+
+        The output head over Gemma's 262k-token vocabulary costs more than the whole body of a
+        small model. So every position is scored once without gradients (in chunks, never
+        holding `[B, T, V]` logits), and only the `active` positions (those with a non-zero
+        weight or advantage) go through the head again with gradients. Positions whose loss
+        term is zero get no gradient either way, so the gradient is unchanged.
+        """
+        with routing(groups):
+            hidden = self._body(input_ids=tokens, attention_mask=mask, use_cache=False)
+            hidden = hidden.last_hidden_state
+        batch, width = tokens.shape
+        step = max(1, 2048 // max(1, batch))
+        with torch.no_grad():
+            scored = torch.cat([
+                self._head_logprobs(hidden[:, t : t + step].detach(), targets[:, t : t + step], groups)
+                for t in range(0, width, step)
+            ], dim=1)
+        if active is None or not torch.is_grad_enabled() or not active.any():
+            return scored
+        rows, cols = active.nonzero(as_tuple=True)  # row-major: each group's rows stay together
+        counts = active.sum(dim=1).tolist()
+        offsets = [0]
+        for count in counts:
+            offsets.append(offsets[-1] + count)
+        picked_groups = [RowGroup(g.adapter, offsets[g.start], offsets[g.stop]) for g in groups]
+        picked = self._head_logprobs(hidden[rows, cols], targets[rows, cols], picked_groups)
+        return torch.index_put(scored, (rows, cols), picked)
+
+    @staticmethod
+    def _active_positions(loss_fn: str, inputs: dict[str, torch.Tensor],
+                          real: torch.Tensor) -> torch.Tensor:
+        """Positions whose loss term can be non-zero (so need gradients)."""
+        if loss_fn == "cross_entropy":
+            weights = inputs["weights"]
+            return (weights != 0).flatten(2).any(-1) if weights.dim() > 2 else weights != 0
+        if loss_fn in ("importance_sampling", "ppo", "cispo"):
+            return inputs["advantages"] != 0
+        return real.bool()  # e.g. dro: its quadratic term is not masked by the advantages
 
     def forward_backward(self, jobs: list[ForwardBackwardJob]) -> list[ForwardBackwardResult]:
         """Run several runs' forward_backward work as fused, padded micro-batches.
@@ -282,21 +330,27 @@ class Engine:
                 spans.append((j, k, k + 1))
         groups = [RowGroup(jobs[j].state.adapter, a, b) for j, a, b in spans]
         needs_grad = any(not jobs[j].forward_only for j, _ in chunk)
-        with torch.set_grad_enabled(needs_grad), routing(groups):
-            target_lp = self._target_logprobs(tokens, mask, targets)
+        padded: dict[int, dict[str, torch.Tensor]] = {}
+        active = torch.zeros(tokens.shape, dtype=torch.bool, device=self.device)
+        for j, a, b in spans:
+            job, members = jobs[j], chunk[a:b]
+            names = {name for _, i in members for name in job.data[i].inputs}
+            names.discard("target_tokens")
+            padded[j] = {
+                name: _pad([job.data[i].inputs[name] for _, i in members], width, 0,
+                           torch.float32).to(self.device)
+                for name in names
+            }
+            if not job.forward_only:
+                active[a:b] = self._active_positions(job.loss_fn, padded[j], mask[a:b])
+        with torch.set_grad_enabled(needs_grad):
+            target_lp = self._target_logprobs(tokens, mask, targets, groups, active)
             if one_d:
                 target_lp = target_lp.squeeze(-1)
             total = torch.zeros((), device=self.device)
             for j, a, b in spans:
                 job, members = jobs[j], chunk[a:b]
-                names = {name for _, i in members for name in job.data[i].inputs}
-                names.discard("target_tokens")
-                inputs = {
-                    name: _pad([job.data[i].inputs[name] for _, i in members], width, 0,
-                               torch.float32).to(self.device)
-                    for name in names
-                }
-                row_losses = losses.resolve(job.loss_fn)(target_lp[a:b], inputs, job.loss_fn_config)
+                row_losses = losses.resolve(job.loss_fn)(target_lp[a:b], padded[j], job.loss_fn_config)
                 if not job.forward_only:
                     total = total + row_losses.sum()
                 for k, (_, i) in enumerate(members):

@@ -1,0 +1,151 @@
+"""TrialConfig: everything one RL trial depends on, typed, bounded and serialisable.
+
+This is the surface the research agent edits. The harness around it (evaluation, the record,
+the splits) is fixed. Budgets are counted in steps and tokens, never wall time, so trials run on
+shared hardware stay comparable; wall time is recorded as cost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rewards import RewardConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AdamConfig(_Strict):
+    learning_rate: float = Field(1e-4, gt=0, le=1e-1)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0, le=1e-3)
+    weight_decay: float = Field(0.0, ge=0, le=1)
+    grad_clip_norm: float = Field(1.0, ge=0, le=1e4)
+    """0 disables clipping; clipping applies to this trial's own gradients only."""
+
+
+class SFTConfig(_Strict):
+    """Optional supervised warm-up on gold queries of the train split."""
+
+    steps: int = Field(0, ge=0, le=10_000)
+    batch_size: int = Field(8, ge=1, le=512)
+    examples: int = Field(256, ge=1, le=100_000)
+    """How many train tasks the warm-up draws its batches from."""
+    adam: AdamConfig = AdamConfig(learning_rate=2e-4)
+
+
+LossName = Literal["importance_sampling", "ppo", "cispo"]
+
+
+class RLConfig(_Strict):
+    steps: int = Field(20, ge=0, le=100_000)
+    prompts_per_step: int = Field(8, ge=1, le=1024)
+    group_size: int = Field(8, ge=1, le=256)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(96, ge=1, le=4096)
+    adam: AdamConfig = AdamConfig(learning_rate=5e-5)
+    loss_fn: LossName = "importance_sampling"
+    clip_low: float | None = Field(None, ge=0, le=10)
+    """Lower ratio bound for ppo/cispo (Tinker's defaults apply when unset)."""
+    clip_high: float | None = Field(None, ge=0, le=100)
+    advantage: Literal["mean", "zscore"] = "mean"
+    """Group baseline: mean-centred, or z-scored by the group's standard deviation."""
+    drop_constant_groups: bool = True
+    """Groups whose samples all got the same reward carry no signal; skip them."""
+    kl_coef: float = Field(0.0, ge=0, le=10)
+    """Penalty on log(pi/pi_base) per sampled token, folded into the advantages."""
+    max_train_tokens: int | None = Field(None, ge=1)
+    """Token budget: stop RL once this many sampled+prompt tokens were trained on."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RLConfig:
+        if self.steps and self.group_size < 2:
+            raise ValueError("group_size must be at least 2: advantages are relative to a group")
+        if self.loss_fn == "importance_sampling" and (self.clip_low or self.clip_high):
+            raise ValueError("clip_low/clip_high only apply to the ppo and cispo losses")
+        if self.clip_low is not None and self.clip_high is not None and self.clip_low >= self.clip_high:
+            raise ValueError("clip_low must be below clip_high")
+        if self.temperature == 0 and self.steps:
+            raise ValueError("temperature 0 gives identical samples in a group: no RL signal")
+        return self
+
+    def loss_fn_config(self) -> dict[str, float] | None:
+        config = {}
+        if self.clip_low is not None:
+            config["clip_low_threshold"] = self.clip_low
+        if self.clip_high is not None:
+            config["clip_high_threshold"] = self.clip_high
+        return config or None
+
+
+class EvalConfig(_Strict):
+    every: int = Field(10, ge=0, le=100_000)
+    """Evaluate on the dev split every this many RL steps (0: only at the end)."""
+    dev_tasks: int = Field(64, ge=1, le=100_000)
+    test_tasks: int = Field(200, ge=0, le=100_000)
+    max_tokens: int = Field(96, ge=1, le=4096)
+    baseline: bool = False
+    """Also evaluate the untrained model on the test split (for reporting gains)."""
+
+
+class TrialConfig(_Strict):
+    name: str = "trial"
+    base_model: str = "google/gemma-3-270m"
+    lora_rank: int = Field(16, ge=1, le=512)
+    seed: int = Field(0, ge=0)
+    prompt_style: Literal["base", "chat"] = "base"
+    corpus_seed: int = Field(0, ge=0)
+    sft: SFTConfig = SFTConfig()
+    rl: RLConfig = RLConfig()
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    eval: EvalConfig = EvalConfig()
+    checkpoint_every: int = Field(5, ge=1, le=100_000)
+    tokenizer: str | None = None
+    """Tokenizer id or path; default: what the server reports for the base model."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrialConfig:
+        if self.sft.steps == 0 and self.rl.steps == 0:
+            raise ValueError("a trial needs SFT steps, RL steps, or both")
+        if self.eval.every and self.rl.steps and self.eval.every > self.rl.steps:
+            raise ValueError(f"eval.every={self.eval.every} exceeds rl.steps={self.rl.steps}: "
+                             "no dev evaluation would happen during training")
+        return self
+
+    # -------------------------------------------------------------- i/o
+    def fingerprint(self) -> str:
+        """A short stable hash of the config (names a trial's artifacts)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> TrialConfig:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        return cls.model_validate(data)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def with_changes(self, changes: dict) -> TrialConfig:
+        """A copy with dotted-path changes applied (`{"rl.adam.learning_rate": 1e-4}`), validated."""
+        data = self.model_dump(mode="json")
+        for dotted, value in changes.items():
+            node = data
+            *parents, leaf = dotted.split(".")
+            for key in parents:
+                if key not in node or not isinstance(node[key], dict):
+                    raise ValueError(f"unknown config field {dotted!r}")
+                node = node[key]
+            if leaf not in node:
+                raise ValueError(f"unknown config field {dotted!r}")
+            node[leaf] = value
+        return TrialConfig.model_validate(data)
