@@ -23,6 +23,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)" $(TORCH_INDEX_ARG)
 	$(BIN)/python -m pip install --quiet -e ".[server,dev]"
+	# checkov (Kubernetes policy scan) pins old packaging/networkx: it gets its own venv.
+	$(PYTHON) -m venv $(VENV)/checkov
+	$(VENV)/checkov/bin/python -m pip install --quiet checkov==3.3.30
+	ln -sf ../checkov/bin/checkov $(BIN)/checkov
 	touch $@
 
 demo: setup

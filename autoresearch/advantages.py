@@ -17,8 +17,9 @@ Rewards = Sequence[float]
 Logprobs = Sequence[float]
 
 
-def group_advantages(rewards: Rewards, mode: Literal["mean", "zscore"] = "mean",
-                     eps: float = 1e-6) -> np.ndarray:
+def group_advantages(
+    rewards: Rewards, mode: Literal["mean", "zscore"] = "mean", eps: float = 1e-6
+) -> np.ndarray:
     """Each sample's reward relative to its group: `r - mean(r)`, optionally divided by std."""
     values = np.asarray(rewards, dtype=np.float64)
     if values.size == 0:
@@ -54,9 +55,12 @@ def kl_estimates(sampled: Logprobs, other: Logprobs) -> dict[str, float]:
     }
 
 
-def token_advantages(advantage: float, sampled_logprobs: Logprobs,
-                     reference_logprobs: Logprobs | None = None,
-                     kl_coef: float = 0.0) -> np.ndarray:
+def token_advantages(
+    advantage: float,
+    sampled_logprobs: Logprobs,
+    reference_logprobs: Logprobs | None = None,
+    kl_coef: float = 0.0,
+) -> np.ndarray:
     """Per-token advantages of one sample, with an optional KL penalty folded in.
 
     The penalty subtracts `kl_coef * (log pi(t) - log pi_ref(t))` at each sampled token, the

@@ -68,14 +68,17 @@ def build_parser() -> argparse.ArgumentParser:
     trial = sub.add_parser("trial", help="run (or resume) one trial from a config file")
     trial.add_argument("--config", required=True, type=Path)
     trial.add_argument("--server-url", default=None)
-    trial.add_argument("--out", default=None, type=Path,
-                       help="trial directory (an existing one is resumed)")
+    trial.add_argument(
+        "--out", default=None, type=Path, help="trial directory (an existing one is resumed)"
+    )
     trial.set_defaults(func=cmd_trial)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
+    # The SDK logs every long-poll that ends in "try again" (normal while a batch runs).
+    logging.getLogger("tinker").setLevel(logging.ERROR)
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -72,7 +72,11 @@ class RLConfig(_Strict):
             raise ValueError("group_size must be at least 2: advantages are relative to a group")
         if self.loss_fn == "importance_sampling" and (self.clip_low or self.clip_high):
             raise ValueError("clip_low/clip_high only apply to the ppo and cispo losses")
-        if self.clip_low is not None and self.clip_high is not None and self.clip_low >= self.clip_high:
+        if (
+            self.clip_low is not None
+            and self.clip_high is not None
+            and self.clip_low >= self.clip_high
+        ):
             raise ValueError("clip_low must be below clip_high")
         if self.temperature == 0 and self.steps:
             raise ValueError("temperature 0 gives identical samples in a group: no RL signal")
@@ -117,8 +121,10 @@ class TrialConfig(_Strict):
         if self.sft.steps == 0 and self.rl.steps == 0:
             raise ValueError("a trial needs SFT steps, RL steps, or both")
         if self.eval.every and self.rl.steps and self.eval.every > self.rl.steps:
-            raise ValueError(f"eval.every={self.eval.every} exceeds rl.steps={self.rl.steps}: "
-                             "no dev evaluation would happen during training")
+            raise ValueError(
+                f"eval.every={self.eval.every} exceeds rl.steps={self.rl.steps}: "
+                "no dev evaluation would happen during training"
+            )
         return self
 
     # -------------------------------------------------------------- i/o
@@ -136,7 +142,7 @@ class TrialConfig(_Strict):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
     def with_changes(self, changes: dict) -> TrialConfig:
-        """A copy with dotted-path changes applied (`{"rl.adam.learning_rate": 1e-4}`), validated."""
+        """A validated copy with dotted-path changes (`{"rl.adam.learning_rate": 1e-4}`)."""
         data = self.model_dump(mode="json")
         for dotted, value in changes.items():
             node = data

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import tinker
+from sqltasks import STOP_SEQUENCES, render_prompt
 from tinker import types
 
 from autoresearch.stats import Estimate, wilson
 from rewards import RewardConfig, RewardPool, ScoreResult, Task
-from sqltasks import STOP_SEQUENCES, render_prompt
 
 
 @dataclass
@@ -50,22 +50,38 @@ def prompt_tokens(tokenizer: Any, task: Task, style: str) -> list[int]:
     return list(tokenizer.encode(render_prompt(task, style)))
 
 
-def sample_completions(sampler: tinker.SamplingClient, tokenizer: Any, tasks: Sequence[Task],
-                       style: str, max_tokens: int, num_samples: int = 1,
-                       temperature: float = 0.0, seed: int = 0) -> list[list[Any]]:
+def sample_completions(
+    sampler: tinker.SamplingClient,
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    style: str,
+    max_tokens: int,
+    num_samples: int = 1,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> list[list[Any]]:
     """Submit every prompt at once (the server batches them), then collect in order."""
-    params = types.SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed,
-                                  stop=list(STOP_SEQUENCES[style]))
+    params = types.SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, seed=seed, stop=list(STOP_SEQUENCES[style])
+    )
     futures = [
-        sampler.sample(types.ModelInput.from_ints(prompt_tokens(tokenizer, task, style)),
-                       num_samples=num_samples, sampling_params=params)
+        sampler.sample(
+            types.ModelInput.from_ints(prompt_tokens(tokenizer, task, style)),
+            num_samples=num_samples,
+            sampling_params=params,
+        )
         for task in tasks
     ]
     return [list(f.result().sequences) for f in futures]
 
 
-def summarise(split: str, tasks: Sequence[Task], results: Sequence[ScoreResult],
-              completions: Sequence[str] = (), keep_samples: int = 8) -> EvalResult:
+def summarise(
+    split: str,
+    tasks: Sequence[Task],
+    results: Sequence[ScoreResult],
+    completions: Sequence[str] = (),
+    keep_samples: int = 8,
+) -> EvalResult:
     correct = [r.correct for r in results]
     by_tier: dict[str, list[bool]] = defaultdict(list)
     for task, ok in zip(tasks, correct):
@@ -76,8 +92,14 @@ def summarise(split: str, tasks: Sequence[Task], results: Sequence[ScoreResult],
         for name, value in r.components.as_dict().items():
             components[name] += value / n
     samples = [
-        {"task": t.id, "question": t.question, "completion": c, "sql": r.sql,
-         "correct": r.correct, "outcome": r.outcome}
+        {
+            "task": t.id,
+            "question": t.question,
+            "completion": c,
+            "sql": r.sql,
+            "correct": r.correct,
+            "outcome": r.outcome,
+        }
         for t, r, c in list(zip(tasks, results, completions))[:keep_samples]
     ]
     return EvalResult(
@@ -93,9 +115,16 @@ def summarise(split: str, tasks: Sequence[Task], results: Sequence[ScoreResult],
     )
 
 
-def evaluate(sampler: tinker.SamplingClient, tokenizer: Any, tasks: Sequence[Task], split: str,
-             pool: RewardPool, reward: RewardConfig, style: str = "base",
-             max_tokens: int = 96) -> EvalResult:
+def evaluate(
+    sampler: tinker.SamplingClient,
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    split: str,
+    pool: RewardPool,
+    reward: RewardConfig,
+    style: str = "base",
+    max_tokens: int = 96,
+) -> EvalResult:
     """Greedy decoding on `tasks`, scored in the sandbox."""
     sequences = sample_completions(sampler, tokenizer, tasks, style, max_tokens)
     completions = [tokenizer.decode(seqs[0].tokens) for seqs in sequences]

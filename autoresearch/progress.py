@@ -28,8 +28,9 @@ class TrialProgress:
             self.bar.set_postfix(post)
         elif event.get("phase") == "eval":
             self.last["dev_acc"] = f"{event['accuracy']:.3f}"
-            self.bar.write(f"eval {event['stage']} on {event['split']}: "
-                           f"accuracy {event['accuracy']:.3f}")
+            self.bar.write(
+                f"eval {event['stage']} on {event['split']}: accuracy {event['accuracy']:.3f}"
+            )
         elif event.get("phase") == "done":
             self.bar.close()
 

@@ -77,15 +77,16 @@ class TrialRecord:
         for index in range(len(entries) - 1, -1, -1):
             entry = entries[index]
             if entry["type"] == "checkpoint":
-                return ResumePoint(entry["phase"], entry["step"], entry["path"],
-                                   entry.get("tokens", 0), index)
+                return ResumePoint(
+                    entry["phase"], entry["step"], entry["path"], entry.get("tokens", 0), index
+                )
         return None
 
     def rewind_to(self, point: ResumePoint | None) -> int:
         """Drop what came after the checkpoint we resume from; returns how many steps were lost."""
         entries = self.entries()
         keep = entries[: point.line + 1] if point is not None else []
-        lost = sum(1 for e in entries[len(keep):] if e["type"] == "step")
+        lost = sum(1 for e in entries[len(keep) :] if e["type"] == "step")
         _atomic_write(self.path, "".join(json.dumps(e, default=_jsonable) + "\n" for e in keep))
         return lost
 

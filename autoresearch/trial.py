@@ -24,14 +24,14 @@ from typing import Any
 
 import numpy as np
 import tinker
+from sqltasks import STOP_SEQUENCES, load_corpus
 from tinker import types
 
 from autoresearch.advantages import group_advantages, is_constant, kl_estimates, token_advantages
 from autoresearch.config import AdamConfig, TrialConfig
 from autoresearch.evaluation import EvalResult, evaluate, prompt_tokens
-from autoresearch.record import ResumePoint, TrialRecord
+from autoresearch.record import TrialRecord
 from rewards import RewardPool, ScoreResult, Task
-from sqltasks import STOP_SEQUENCES, load_corpus
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +86,9 @@ def supervised_datum(prompt: list[int], completion: list[int]) -> types.Datum:
     )
 
 
-def rl_datum(prompt: list[int], completion: list[int], logprobs: list[float],
-             advantages: np.ndarray) -> types.Datum:
+def rl_datum(
+    prompt: list[int], completion: list[int], logprobs: list[float], advantages: np.ndarray
+) -> types.Datum:
     """Policy-gradient datum: zero advantage on the prompt, per-token ones on the completion."""
     tokens = prompt + completion
     pad = len(prompt) - 1
@@ -104,9 +105,16 @@ def rl_datum(prompt: list[int], completion: list[int], logprobs: list[float],
 class Trial:
     """Runs (or resumes) one trial into `directory`; `run()` returns its result."""
 
-    def __init__(self, config: TrialConfig, directory: str | Path, server_url: str,
-                 api_key: str | None = None, progress: Progress | None = None,
-                 pool: RewardPool | None = None, max_retries: int = 3):
+    def __init__(
+        self,
+        config: TrialConfig,
+        directory: str | Path,
+        server_url: str,
+        api_key: str | None = None,
+        progress: Progress | None = None,
+        pool: RewardPool | None = None,
+        max_retries: int = 3,
+    ):
         self.config = config
         self.record = TrialRecord(directory)
         self.server_url = server_url
@@ -154,8 +162,11 @@ class Trial:
                     return self._run_once()
                 except RETRYABLE as exc:
                     attempts += 1
-                    self.record.append("event", message=f"server error: {exc}; resuming from the "
-                                       "last checkpoint", attempt=attempts)
+                    self.record.append(
+                        "event",
+                        message=f"server error: {exc}; resuming from the last checkpoint",
+                        attempt=attempts,
+                    )
                     if attempts > self.max_retries:
                         raise TrialFailed(f"server kept failing: {exc}") from exc
                     time.sleep(min(30, 2**attempts))
@@ -170,39 +181,49 @@ class Trial:
         resume = self.record.resume_point()
         lost = self.record.rewind_to(resume)
         if resume is not None:
-            training = service.create_training_client_from_state_with_optimizer(resume.path).result()
-            self.record.append("event", message=f"resumed from {resume.path}", phase=resume.phase,
-                               step=resume.step, lost_steps=lost)
+            training = service.create_training_client_from_state_with_optimizer(
+                resume.path
+            ).result()
+            self.record.append(
+                "event",
+                message=f"resumed from {resume.path}",
+                phase=resume.phase,
+                step=resume.step,
+                lost_steps=lost,
+            )
         else:
             training = service.create_lora_training_client(
-                base_model=c.base_model, rank=c.lora_rank, seed=c.seed).result()
+                base_model=c.base_model, rank=c.lora_rank, seed=c.seed
+            ).result()
         tokenizer = self._tokenizer_for(training)
         train, dev, test = self._tasks()
         tokens = resume.tokens if resume else 0
         if resume is None and c.eval.baseline:
-            base = service.create_sampling_client(base_model=c.base_model)
+            base = service.create_sampling_client(base_model=c.base_model).result()
             self._eval(base, tokenizer, test, "test", stage="base")
         sft_start = 0 if resume is None else (resume.step if resume.phase == "sft" else c.sft.steps)
         for step in range(sft_start, c.sft.steps):
             tokens += self._sft_step(training, tokenizer, train, step)
             self._maybe_checkpoint(training, "sft", step + 1, c.sft.steps, tokens)
         if c.sft.steps and c.eval.baseline and (resume is None or resume.phase == "sft"):
-            sampler = training.save_weights_and_get_sampling_client()
+            sampler = training.save_weights_and_get_sampling_client().result()
             self._eval(sampler, tokenizer, test, "test", stage="sft")
         rl_start = resume.step if resume is not None and resume.phase == "rl" else 0
         reference = None
         if c.rl.kl_coef > 0:
-            reference = service.create_sampling_client(base_model=c.base_model)
+            reference = service.create_sampling_client(base_model=c.base_model).result()
         for step in range(rl_start, c.rl.steps):
             if c.rl.max_train_tokens is not None and tokens >= c.rl.max_train_tokens:
-                self.record.append("event", message="token budget reached", step=step, tokens=tokens)
+                self.record.append(
+                    "event", message="token budget reached", step=step, tokens=tokens
+                )
                 break
             tokens += self._rl_step(training, tokenizer, train, step, reference)
             self._maybe_checkpoint(training, "rl", step + 1, c.rl.steps, tokens)
             if c.eval.every and (step + 1) % c.eval.every == 0 and step + 1 < c.rl.steps:
-                sampler = training.save_weights_and_get_sampling_client()
+                sampler = training.save_weights_and_get_sampling_client().result()
                 self._eval(sampler, tokenizer, dev, "dev", stage=f"rl-{step + 1}")
-        sampler = training.save_weights_and_get_sampling_client()
+        sampler = training.save_weights_and_get_sampling_client().result()
         final_dev = self._eval(sampler, tokenizer, dev, "dev", stage="final")
         final_test = self._eval(sampler, tokenizer, test, "test", stage="final") if test else None
         checkpoint = training.save_state("final").result().path
@@ -223,19 +244,28 @@ class Trial:
         return self._result(entry)
 
     def _result(self, entry: dict[str, Any]) -> TrialResult:
-        return TrialResult(self.record.dir, entry.get("dev"), entry.get("test"), entry["steps"],
-                           entry["tokens"], entry["wall_seconds"], entry.get("checkpoint"))
+        return TrialResult(
+            self.record.dir,
+            entry.get("dev"),
+            entry.get("test"),
+            entry["steps"],
+            entry["tokens"],
+            entry["wall_seconds"],
+            entry.get("checkpoint"),
+        )
 
     # ------------------------------------------------------------ steps
-    def _maybe_checkpoint(self, training: tinker.TrainingClient, phase: str, done: int,
-                          total: int, tokens: int) -> None:
+    def _maybe_checkpoint(
+        self, training: tinker.TrainingClient, phase: str, done: int, total: int, tokens: int
+    ) -> None:
         if done % self.config.checkpoint_every and done != total:
             return
         path = training.save_state(f"{phase}-{done}").result().path
         self.record.append("checkpoint", phase=phase, step=done, path=path, tokens=tokens)
 
-    def _sft_step(self, training: tinker.TrainingClient, tokenizer: Any, train: list[Task],
-                  step: int) -> int:
+    def _sft_step(
+        self, training: tinker.TrainingClient, tokenizer: Any, train: list[Task], step: int
+    ) -> int:
         c = self.config
         started = time.time()
         pool = train[: c.sft.examples]
@@ -243,8 +273,9 @@ class Trial:
         datums, n_tokens = [], 0
         for task in batch:
             prompt = prompt_tokens(tokenizer, task, c.prompt_style)
-            completion = list(tokenizer.encode(gold_completion(task, c.prompt_style),
-                                               add_special_tokens=False))
+            completion = list(
+                tokenizer.encode(gold_completion(task, c.prompt_style), add_special_tokens=False)
+            )
             datums.append(supervised_datum(prompt, completion))
             n_tokens += len(completion)
         fb = training.forward_backward(datums, "cross_entropy")
@@ -253,26 +284,44 @@ class Trial:
         opt.result()
         loss = out.metrics["loss:sum"] / max(1, n_tokens)
         used = sum(d.model_input.length for d in datums)
-        entry = self.record.append("step", phase="sft", step=step, loss_per_token=loss,
-                                   tokens=used, seconds=round(time.time() - started, 3))
+        entry = self.record.append(
+            "step",
+            phase="sft",
+            step=step,
+            loss_per_token=loss,
+            tokens=used,
+            seconds=round(time.time() - started, 3),
+        )
         self.progress(entry)
         return used
 
-    def _rl_step(self, training: tinker.TrainingClient, tokenizer: Any, train: list[Task],
-                 step: int, reference: tinker.SamplingClient | None) -> int:
+    def _rl_step(
+        self,
+        training: tinker.TrainingClient,
+        tokenizer: Any,
+        train: list[Task],
+        step: int,
+        reference: tinker.SamplingClient | None,
+    ) -> int:
         c, rl = self.config, self.config.rl
         timings: dict[str, float] = {}
         t0 = time.time()
-        sampler = training.save_weights_and_get_sampling_client()
+        sampler = training.save_weights_and_get_sampling_client().result()
         tasks = _rng(c.seed, "rl", step).sample(train, k=min(rl.prompts_per_step, len(train)))
         prompts = [prompt_tokens(tokenizer, task, c.prompt_style) for task in tasks]
         stop = list(STOP_SEQUENCES[c.prompt_style])
         sample_futures = [
             sampler.sample(
-                types.ModelInput.from_ints(prompt), num_samples=rl.group_size,
+                types.ModelInput.from_ints(prompt),
+                num_samples=rl.group_size,
                 sampling_params=types.SamplingParams(
-                    max_tokens=rl.max_tokens, temperature=rl.temperature, top_p=rl.top_p,
-                    stop=stop, seed=_stable_seed(c.seed, step, i)))
+                    max_tokens=rl.max_tokens,
+                    temperature=rl.temperature,
+                    top_p=rl.top_p,
+                    stop=stop,
+                    seed=_stable_seed(c.seed, step, i),
+                ),
+            )
             for i, prompt in enumerate(prompts)
         ]
         # Score each group as soon as it arrives, while the server samples the rest.
@@ -302,7 +351,7 @@ class Trial:
                 if reference is not None:
                     full = types.ModelInput.from_ints(prompt + list(seq.tokens))
                     lps = reference.compute_logprobs(full).result()
-                    ref_lp = [float(x) for x in lps[len(prompt):]]
+                    ref_lp = [float(x) for x in lps[len(prompt) :]]
                 per_token = token_advantages(float(adv), seq.logprobs, ref_lp, rl.kl_coef)
                 datums.append(rl_datum(prompt, list(seq.tokens), list(seq.logprobs), per_token))
                 sampled_lps.append(list(seq.logprobs))
@@ -314,14 +363,17 @@ class Trial:
             out = fb.result()
             opt_out = opt.result()
             train_lps, sample_lps = [], []
-            for datum, sampled, output in zip(datums, sampled_lps, out.loss_fn_outputs):
+            for sampled, output in zip(sampled_lps, out.loss_fn_outputs):
                 lp = output["logprobs"].to_numpy()
-                train_lps.extend(lp[len(lp) - len(sampled):].tolist())
+                train_lps.extend(lp[len(lp) - len(sampled) :].tolist())
                 sample_lps.extend(sampled)
             kl = kl_estimates(sample_lps, train_lps)
-            metrics.update(loss=out.metrics.get("loss:sum"), kl_sample_train_k1=kl["k1"],
-                           kl_sample_train_k3=kl["k3"],
-                           grad_norm=(opt_out.metrics or {}).get("grad_norm:mean"))
+            metrics.update(
+                loss=out.metrics.get("loss:sum"),
+                kl_sample_train_k1=kl["k1"],
+                kl_sample_train_k3=kl["k3"],
+                grad_norm=(opt_out.metrics or {}).get("grad_norm:mean"),
+            )
         timings["train_s"] = time.time() - t2
         flat = [r for results in scores for r in results]
         all_lps = [lp for seqs in groups for seq in seqs for lp in seq.logprobs]
@@ -329,40 +381,75 @@ class Trial:
         for r in flat:
             for name, value in r.components.as_dict().items():
                 components[name] = components.get(name, 0.0) + value / len(flat)
-        used_tokens = sum(len(p) * len(g) + sum(len(s.tokens) for s in g) for p, g in zip(prompts, groups))
+        used_tokens = sum(
+            len(p) * len(g) + sum(len(s.tokens) for s in g) for p, g in zip(prompts, groups)
+        )
         entry = self.record.append(
-            "step", phase="rl", step=step,
+            "step",
+            phase="rl",
+            step=step,
             reward_mean=float(np.mean([r.total for r in flat])),
             reward_std=float(np.std([r.total for r in flat])),
             accuracy=float(np.mean([r.correct for r in flat])),
             components=components,
             entropy=float(-np.mean(all_lps)) if all_lps else 0.0,
-            groups_used=used_groups, groups_dropped=dropped,
+            groups_used=used_groups,
+            groups_dropped=dropped,
             completion_tokens=sum(len(s.tokens) for g in groups for s in g),
             tokens=used_tokens,
             seconds={k: round(v, 3) for k, v in timings.items()},
             **metrics,
         )
         if not datums:
-            self.record.append("event", message="no learning signal this step (all groups "
-                               "constant); no update", step=step)
+            self.record.append(
+                "event",
+                message="no learning signal this step (all groups constant); no update",
+                step=step,
+            )
         self.progress(entry)
         return used_tokens
 
-    def _eval(self, sampler: tinker.SamplingClient, tokenizer: Any, tasks: list[Task],
-              split: str, stage: str) -> EvalResult:
+    def _eval(
+        self,
+        sampler: tinker.SamplingClient,
+        tokenizer: Any,
+        tasks: list[Task],
+        split: str,
+        stage: str,
+    ) -> EvalResult:
         started = time.time()
-        result = evaluate(sampler, tokenizer, tasks, split, self._pool, self.config.reward,
-                          self.config.prompt_style, self.config.eval.max_tokens)
-        entry = self.record.append("eval", stage=stage, seconds=round(time.time() - started, 3),
-                                   **result.summary())
-        self.progress({"phase": "eval", "stage": stage, "split": split,
-                       "accuracy": result.accuracy.value, **{"type": entry["type"]}})
+        result = evaluate(
+            sampler,
+            tokenizer,
+            tasks,
+            split,
+            self._pool,
+            self.config.reward,
+            self.config.prompt_style,
+            self.config.eval.max_tokens,
+        )
+        entry = self.record.append(
+            "eval", stage=stage, seconds=round(time.time() - started, 3), **result.summary()
+        )
+        self.progress(
+            {
+                "phase": "eval",
+                "stage": stage,
+                "split": split,
+                "accuracy": result.accuracy.value,
+                **{"type": entry["type"]},
+            }
+        )
         return result
 
 
-def run_trial(config: TrialConfig, directory: str | Path, server_url: str,
-              api_key: str | None = None, progress: Progress | None = None,
-              pool: RewardPool | None = None) -> TrialResult:
+def run_trial(
+    config: TrialConfig,
+    directory: str | Path,
+    server_url: str,
+    api_key: str | None = None,
+    progress: Progress | None = None,
+    pool: RewardPool | None = None,
+) -> TrialResult:
     """Run (or resume) a trial; the Python entry point notebooks use."""
     return Trial(config, directory, server_url, api_key, progress, pool).run()

@@ -45,6 +45,8 @@ def test_dotted_changes_apply_and_revalidate():
 
 
 def test_ppo_clip_thresholds_reach_the_loss_config():
-    config = TrialConfig.model_validate({"rl": {"loss_fn": "ppo", "clip_low": 0.9, "clip_high": 1.1}})
+    config = TrialConfig.model_validate(
+        {"rl": {"loss_fn": "ppo", "clip_low": 0.9, "clip_high": 1.1}}
+    )
     assert config.rl.loss_fn_config() == {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}
     assert TrialConfig().rl.loss_fn_config() is None

@@ -22,7 +22,9 @@ def test_wilson_stays_inside_the_unit_interval_at_the_edges():
 
 
 def test_interval_narrows_with_more_tasks():
-    assert (wilson(50, 100).high - wilson(50, 100).low) > (wilson(500, 1000).high - wilson(500, 1000).low)
+    assert (wilson(50, 100).high - wilson(50, 100).low) > (
+        wilson(500, 1000).high - wilson(500, 1000).low
+    )
 
 
 def test_paired_difference_of_identical_verdicts_is_exactly_zero():

@@ -1,0 +1,203 @@
+"""The trial loop against the real server on a tiny model: rewards flow, checkpoints are
+written, the record is complete, and a trial killed mid-way resumes to the same record."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autoresearch.config import TrialConfig
+from autoresearch.record import TrialRecord
+from autoresearch.trial import rl_datum, run_trial, supervised_datum
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DETERMINISTIC_STEP_FIELDS = (
+    "phase",
+    "step",
+    "reward_mean",
+    "accuracy",
+    "completion_tokens",
+    "groups_used",
+    "groups_dropped",
+    "loss",
+    "loss_per_token",
+)
+
+
+def tiny_config(model_dir: Path, **changes) -> TrialConfig:
+    base = {
+        "name": "tiny",
+        "base_model": str(model_dir),
+        "tokenizer": str(model_dir),
+        "lora_rank": 4,
+        "seed": 3,
+        "sft": {"steps": 2, "batch_size": 2, "adam": {"learning_rate": 1e-3}},
+        "rl": {
+            "steps": 3,
+            "prompts_per_step": 2,
+            "group_size": 3,
+            "max_tokens": 12,
+            "temperature": 1.0,
+            "drop_constant_groups": False,
+            "adam": {"learning_rate": 1e-3},
+        },
+        "eval": {"every": 0, "dev_tasks": 3, "test_tasks": 3, "max_tokens": 12},
+        "checkpoint_every": 1,
+    }
+    base.update(changes)
+    return TrialConfig.model_validate(base)
+
+
+def test_supervised_datum_trains_only_the_completion():
+    datum = supervised_datum([1, 2, 3], [4, 5])
+    assert datum.model_input.to_ints() == [1, 2, 3, 4]
+    assert datum.loss_fn_inputs["target_tokens"].tolist() == [2, 3, 4, 5]
+    assert datum.loss_fn_inputs["weights"].tolist() == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_rl_datum_aligns_sampler_logprobs_and_advantages_with_the_sampled_tokens():
+    datum = rl_datum([1, 2, 3], [7, 8], [-0.5, -1.5], np.array([0.25, 0.25]))
+    assert datum.loss_fn_inputs["target_tokens"].tolist() == [2, 3, 7, 8]
+    assert datum.loss_fn_inputs["logprobs"].tolist() == [0.0, 0.0, -0.5, -1.5]
+    assert datum.loss_fn_inputs["advantages"].tolist() == [0.0, 0.0, 0.25, 0.25]
+
+
+def test_a_trial_runs_end_to_end_and_records_every_step(
+    sql_model_dir, sql_server, reward_pool, tmp_path
+):
+    events = []
+    result = run_trial(
+        tiny_config(sql_model_dir),
+        tmp_path / "trial",
+        sql_server.url,
+        "tml-tests",
+        events.append,
+        reward_pool,
+    )
+    record = TrialRecord(tmp_path / "trial")
+    steps = record.of_type("step")
+    assert [(s["phase"], s["step"]) for s in steps] == [
+        ("sft", 0),
+        ("sft", 1),
+        ("rl", 0),
+        ("rl", 1),
+        ("rl", 2),
+    ]
+    for step in steps[2:]:
+        assert 0.0 <= step["reward_mean"] <= 1.1
+        assert set(step["components"]) >= {"executes", "result", "format"}
+        assert step["completion_tokens"] > 0
+        assert step["groups_used"] + step["groups_dropped"] == 2
+        assert "kl_sample_train_k3" in step and step["kl_sample_train_k3"] >= 0
+        # The sampler's and the trainer's logprobs of the same tokens agree before the update.
+        assert step["kl_sample_train_k1"] == pytest.approx(0.0, abs=1e-3)
+    checkpoints = record.of_type("checkpoint")
+    assert [(c["phase"], c["step"]) for c in checkpoints] == [
+        ("sft", 1),
+        ("sft", 2),
+        ("rl", 1),
+        ("rl", 2),
+        ("rl", 3),
+    ]
+    assert all(c["path"].startswith("tinker://") for c in checkpoints)
+    final = record.final()
+    assert final is not None and result.checkpoint == final["checkpoint"]
+    assert final["dev"]["accuracy"]["n"] == 3 and final["test"]["accuracy"]["n"] == 3
+    assert 0 <= final["dev"]["accuracy"]["low"] <= final["dev"]["accuracy"]["high"] <= 1
+    assert len(final["dev"]["verdicts"]) == 3
+    assert any(e.get("type") == "step" for e in events)
+    # Running it again does nothing: the trial is finished and its result is read back.
+    again = run_trial(
+        tiny_config(sql_model_dir),
+        tmp_path / "trial",
+        sql_server.url,
+        "tml-tests",
+        pool=reward_pool,
+    )
+    assert again.checkpoint == result.checkpoint
+    assert len(TrialRecord(tmp_path / "trial").of_type("step")) == 5
+
+
+def _wait_for(predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise TimeoutError("condition not met in time")
+
+
+def test_a_trial_killed_mid_way_resumes_to_the_record_it_would_have_had(
+    sql_model_dir, sql_server, reward_pool, tmp_path
+):
+    config = tiny_config(
+        sql_model_dir,
+        rl={
+            "steps": 4,
+            "prompts_per_step": 2,
+            "group_size": 3,
+            "max_tokens": 12,
+            "drop_constant_groups": False,
+            "adam": {"learning_rate": 1e-3},
+        },
+        checkpoint_every=2,
+    )
+    reference = tmp_path / "reference"
+    run_trial(config, reference, sql_server.url, "tml-tests", pool=reward_pool)
+
+    interrupted = tmp_path / "interrupted"
+    config_file = tmp_path / "trial.yaml"
+    config_file.write_text(config.to_yaml())
+    env = {**os.environ, "TINKER_API_KEY": "tml-tests"}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "autoresearch",
+            "trial",
+            "--config",
+            str(config_file),
+            "--server-url",
+            sql_server.url,
+            "--out",
+            str(interrupted),
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    record = TrialRecord(interrupted)
+    try:
+        # Kill it once an RL checkpoint exists and the step after it has been recorded.
+        _wait_for(
+            lambda: any(s["phase"] == "rl" and s["step"] >= 2 for s in record.of_type("step")),
+            timeout=240,
+        )
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    assert record.final() is None
+
+    run_trial(config, interrupted, sql_server.url, "tml-tests", pool=reward_pool)
+    resumed = TrialRecord(interrupted)
+    events = [e for e in resumed.of_type("event") if "resumed" in e["message"]]
+    assert len(events) == 1 and events[0]["phase"] == "rl" and events[0]["step"] == 2
+    assert events[0]["lost_steps"] >= 1
+
+    def comparable(rec: TrialRecord) -> list[dict]:
+        return [{k: s.get(k) for k in DETERMINISTIC_STEP_FIELDS} for s in rec.of_type("step")]
+
+    # Every step exactly once, in order, and equal to the uninterrupted run's.
+    assert comparable(resumed) == comparable(TrialRecord(reference))
+    final, ref_final = resumed.final(), TrialRecord(reference).final()
+    assert final["dev"]["verdicts"] == ref_final["dev"]["verdicts"]
+    assert json.dumps(final["test"]["accuracy"]) == json.dumps(ref_final["test"]["accuracy"])
