@@ -1,0 +1,492 @@
+"""The GKE deployment: every overlay renders, validates and passes the policy scan, offline.
+
+Each overlay under deploy/gke/overlays is rendered with kustomize (the standalone binary, or
+the one built into kubectl); every object is validated against the Kubernetes OpenAPI schemas
+that `kubernetes-validate` ships; Checkov scans the rendered objects, a trial Job made from the
+template the way the executor makes it, and the Dockerfiles. The remaining tests state the
+deployment's own rules: GPU placement, probes, storage, secrets, RBAC and network reach.
+A test whose tool is missing skips and names the tool.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+GKE = ROOT / "deploy" / "gke"
+OVERLAYS = ("single-gpu", "split", "study-job", "study-job-kueue")
+SERVER_OVERLAYS = ("single-gpu", "split")
+NAMESPACE = "autoresearch"
+KUBERNETES_VERSIONS = ("1.33.0", "1.37.0")
+"""The oldest minor GKE still offers for new clusters here, and the newest schema shipped."""
+WORKLOAD_KINDS = {"Deployment", "StatefulSet", "Job", "DaemonSet"}
+EXTERNAL_SECRETS = {"autoresearch-api-keys", "autoresearch-hf-token", "autoresearch-redis",
+                    "autoresearch-client"}
+"""Created by the operator (docs/deploy-gke.md); the manifests only reference them."""
+TRIAL_TEMPLATES = {
+    "study-job": GKE / "overlays" / "study-job" / "trial-job.yaml",
+    "study-job-kueue": GKE / "components" / "kueue" / "trial-job.yaml",
+}
+CURATED_CHECKS = {
+    # privilege and root
+    "CKV_K8S_16", "CKV_K8S_20", "CKV_K8S_23", "CKV_K8S_40", "CKV_K8S_29", "CKV_K8S_30",
+    # capabilities
+    "CKV_K8S_25", "CKV_K8S_28", "CKV_K8S_37", "CKV_K8S_39",
+    # host namespaces and host access
+    "CKV_K8S_17", "CKV_K8S_18", "CKV_K8S_19", "CKV_K8S_26", "CKV_K8S_27",
+    # resource requests and limits
+    "CKV_K8S_10", "CKV_K8S_11", "CKV_K8S_12", "CKV_K8S_13",
+    # probes
+    "CKV_K8S_8", "CKV_K8S_9",
+    # image tags and pulls
+    "CKV_K8S_14", "CKV_K8S_15",
+    # filesystem, seccomp, tokens, namespace, RBAC, network policy
+    "CKV_K8S_22", "CKV_K8S_31", "CKV_K8S_38", "CKV_K8S_21", "CKV_K8S_49", "CKV2_K8S_6",
+    # images
+    "CKV_DOCKER_2", "CKV_DOCKER_3", "CKV_DOCKER_7", "CKV_DOCKER_8",
+}
+"""Checks that must have been evaluated (and passed), so a scan that silently skipped the
+objects cannot pass."""
+
+
+def tool(name: str) -> str | None:
+    """An executable next to this interpreter (the project venv) or on PATH."""
+    local = Path(sys.executable).parent / name
+    return str(local) if local.exists() else shutil.which(name)
+
+
+def kustomize_command() -> list[str] | None:
+    if standalone := tool("kustomize"):
+        return [standalone, "build"]
+    if kubectl := tool("kubectl"):
+        return [kubectl, "kustomize"]
+    return None
+
+
+def render(overlay: str) -> list[dict]:
+    command = kustomize_command()
+    if command is None:
+        pytest.skip("neither kustomize nor kubectl (which embeds kustomize) is installed")
+    result = subprocess.run([*command, str(GKE / "overlays" / overlay)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"kustomize build {overlay} failed:\n{result.stderr}"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict]]:
+    return {overlay: render(overlay) for overlay in OVERLAYS}
+
+
+def objects(rendered: dict[str, list[dict]], *overlays: str):
+    for overlay in overlays or OVERLAYS:
+        for obj in rendered[overlay]:
+            yield overlay, obj
+
+
+def pod_spec(obj: dict) -> dict | None:
+    if obj["kind"] not in WORKLOAD_KINDS:
+        return None
+    return obj["spec"]["template"]["spec"]
+
+
+def containers(spec: dict) -> list[dict]:
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def name_of(overlay: str, obj: dict) -> str:
+    return f"{overlay}: {obj['kind']}/{obj['metadata']['name']}"
+
+
+def instantiate_trial(template: Path, image: str) -> dict:
+    """Fill the template the way the study's executor does (see the template's header)."""
+    job = yaml.safe_load(template.read_text())
+    job["metadata"]["name"] = "gemma-270m-sql-t0001"
+    job["metadata"]["namespace"] = NAMESPACE
+    for meta in (job["metadata"], job["spec"]["template"]["metadata"]):
+        meta["labels"].update({"autoresearch.dev/study": "gemma-270m-sql",
+                               "autoresearch.dev/trial": "t0001"})
+    job["spec"]["template"]["metadata"]["annotations"]["autoresearch.dev/trial-config"] = (
+        "name: t0001\nrl:\n  steps: 20\n")
+    trial = next(c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "trial")
+    trial["image"] = image
+    return job
+
+
+def study_image(rendered: dict[str, list[dict]], overlay: str) -> str:
+    study = next(o for _, o in objects(rendered, overlay) if o["kind"] == "Job")
+    env = study["spec"]["template"]["spec"]["containers"][0]["env"]
+    return next(e["value"] for e in env if e["name"] == "AUTORESEARCH_RUNNER_IMAGE")
+
+
+# ----------------------------------------------------------------- schemas
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_rendered_object_matches_the_kubernetes_schema(rendered, version):
+    kubernetes_validate = pytest.importorskip(
+        "kubernetes_validate", reason="kubernetes-validate is not installed")
+    problems = []
+    for overlay, obj in objects(rendered):
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            problems.append(f"{name_of(overlay, obj)}: {exc.message} at {list(exc.path)}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("overlay", TRIAL_TEMPLATES)
+def test_the_trial_job_the_executor_creates_matches_the_schema(rendered, overlay):
+    kubernetes_validate = pytest.importorskip(
+        "kubernetes_validate", reason="kubernetes-validate is not installed")
+    job = instantiate_trial(TRIAL_TEMPLATES[overlay], study_image(rendered, overlay))
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(job, version, strict=True)
+
+
+def test_the_trial_template_is_mounted_where_the_study_reads_it(rendered):
+    for overlay in TRIAL_TEMPLATES:
+        maps = {o["metadata"]["name"]: o for _, o in objects(rendered, overlay)
+                if o["kind"] == "ConfigMap"}
+        template = next(m for n, m in maps.items() if n.startswith("autoresearch-trial-template"))
+        assert yaml.safe_load(template["data"]["trial-job.yaml"]) == yaml.safe_load(
+            TRIAL_TEMPLATES[overlay].read_text())
+        study = next(o for _, o in objects(rendered, overlay) if o["kind"] == "Job")
+        spec = pod_spec(study)
+        projected = {s["configMap"]["name"] for v in spec["volumes"] if "projected" in v
+                     for s in v["projected"]["sources"]}
+        assert template["metadata"]["name"] in projected
+        assert spec["containers"][0]["args"] == ["run", "/config/study.yaml"]
+
+
+def test_the_kueue_template_differs_from_the_plain_one_by_the_queue_label_only():
+    plain = yaml.safe_load(TRIAL_TEMPLATES["study-job"].read_text())
+    queued = yaml.safe_load(TRIAL_TEMPLATES["study-job-kueue"].read_text())
+    assert queued["metadata"]["labels"].pop("kueue.x-k8s.io/queue-name") == "autoresearch"
+    assert queued == plain
+
+
+# ----------------------------------------------------------------- policy scan
+
+
+@pytest.fixture(scope="module")
+def checkov_reports(rendered, tmp_path_factory) -> list[dict]:
+    binary = tool("checkov")
+    if binary is None:
+        pytest.skip("checkov is not installed (see docs/deploy-gke.md, 'Validating offline')")
+    workdir = tmp_path_factory.mktemp("scan")
+    files = []
+    for overlay, docs in rendered.items():
+        path = workdir / f"{overlay}.yaml"
+        path.write_text(yaml.safe_dump_all(docs))
+        files.append(path)
+    for overlay, template in TRIAL_TEMPLATES.items():
+        path = workdir / f"trial-{overlay}.yaml"
+        path.write_text(yaml.safe_dump(instantiate_trial(template, study_image(rendered, overlay))))
+        files.append(path)
+    files += sorted((ROOT / "deploy" / "docker").glob("Dockerfile.*"))
+    command = [binary, "--config-file", str(ROOT / "deploy" / ".checkov.yaml"), "-o", "json"]
+    for path in files:
+        command += ["-f", str(path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=workdir)
+    assert result.stdout.strip(), f"checkov printed no report:\n{result.stderr[-3000:]}"
+    reports = json.loads(result.stdout)
+    return reports if isinstance(reports, list) else [reports]
+
+
+def test_checkov_finds_no_failed_check(checkov_reports):
+    failed = [f"{c['check_id']} {c['check_name']}: {c['resource']} ({c['file_path']})"
+              for report in checkov_reports for c in report["results"]["failed_checks"]]
+    assert not failed, "\n".join(failed)
+    errors = [e for report in checkov_reports for e in report["results"]["parsing_errors"]]
+    assert not errors, errors
+
+
+def test_checkov_evaluated_every_curated_check(checkov_reports):
+    evaluated = {c["check_id"] for report in checkov_reports
+                 for c in report["results"]["passed_checks"]}
+    missing = CURATED_CHECKS - evaluated
+    assert not missing, sorted(missing)
+    kinds = {report["check_type"] for report in checkov_reports}
+    assert {"kubernetes", "dockerfile"} <= kinds
+
+
+def test_every_skipped_check_is_documented_with_a_reason(rendered, checkov_reports):
+    annotated: dict[str, set[str]] = {}
+    trials = [("trial template", instantiate_trial(template, "runner:0"))
+              for template in TRIAL_TEMPLATES.values()]
+    for overlay, obj in [*objects(rendered), *trials]:
+        for key, value in (obj["metadata"].get("annotations") or {}).items():
+            if key.startswith("checkov.io/skip"):
+                check, _, reason = value.partition("=")
+                assert len(reason.split()) >= 4, f"{name_of(overlay, obj)}: {value!r} has no reason"
+                annotated.setdefault(obj["metadata"]["name"], set()).add(check)
+    for report in checkov_reports:
+        for c in report["results"]["skipped_checks"]:
+            resource_name = c["resource"].split(".")[-1]
+            assert c["check_id"] in annotated.get(resource_name, set()), (
+                f"{c['check_id']} skipped on {c['resource']} without an annotated reason")
+    config = yaml.safe_load((ROOT / "deploy" / ".checkov.yaml").read_text())
+    text = (ROOT / "deploy" / ".checkov.yaml").read_text()
+    for check in config.get("skip-check", []):
+        comment = text.split(f"- {check}")[0].rsplit("skip-check:", 1)[-1]
+        assert "#" in comment, f"{check} is skipped in .checkov.yaml without a reason above it"
+
+
+# ----------------------------------------------------------------- deployment rules
+
+
+def test_everything_lands_in_the_autoresearch_namespace_labelled_part_of_autoresearch(rendered):
+    for overlay, obj in objects(rendered):
+        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "autoresearch", \
+            name_of(overlay, obj)
+        if obj["kind"] == "Namespace":
+            assert obj["metadata"]["name"] == NAMESPACE
+        else:
+            assert obj["metadata"].get("namespace") == NAMESPACE, name_of(overlay, obj)
+
+
+def test_every_container_sets_requests_and_limits_and_a_locked_down_security_context(rendered):
+    for overlay, obj in objects(rendered):
+        spec = pod_spec(obj)
+        if spec is None:
+            continue
+        pod_ctx = spec["securityContext"]
+        assert pod_ctx["runAsNonRoot"] is True and pod_ctx["seccompProfile"]["type"] == \
+            "RuntimeDefault", name_of(overlay, obj)
+        for c in containers(spec):
+            where = f"{name_of(overlay, obj)} container {c['name']}"
+            for section in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(c["resources"][section]), where
+            ctx = c["securityContext"]
+            assert ctx["allowPrivilegeEscalation"] is False, where
+            assert ctx["readOnlyRootFilesystem"] is True, where
+            assert ctx["capabilities"]["drop"] == ["ALL"], where
+            assert "add" not in ctx["capabilities"] and not ctx.get("privileged"), where
+        assert not any(spec.get(k) for k in ("hostNetwork", "hostPID", "hostIPC")), \
+            name_of(overlay, obj)
+
+
+def test_gpu_pods_target_the_gpu_pool_and_request_whole_gpus(rendered):
+    gpu_workloads = set()
+    for overlay, obj in objects(rendered):
+        spec = pod_spec(obj)
+        if spec is None:
+            continue
+        gpu_containers = [c for c in containers(spec)
+                          if "nvidia.com/gpu" in c["resources"]["limits"]]
+        if not gpu_containers:
+            assert "cloud.google.com/gke-accelerator" not in spec.get("nodeSelector", {}), \
+                f"{name_of(overlay, obj)} holds a GPU node without using a GPU"
+            continue
+        gpu_workloads.add(obj["metadata"]["name"])
+        assert spec["nodeSelector"]["cloud.google.com/gke-accelerator"], name_of(overlay, obj)
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
+            spec["tolerations"], name_of(overlay, obj)
+        for c in gpu_containers:
+            assert c["resources"]["limits"]["nvidia.com/gpu"] == \
+                c["resources"]["requests"]["nvidia.com/gpu"] == "1", name_of(overlay, obj)
+    assert gpu_workloads == {"autoresearch-server", "autoresearch-trainer", "autoresearch-sampler"}
+
+
+def test_server_processes_probe_readyz_for_readiness_and_healthz_for_liveness(rendered):
+    server_roles = {"server", "gateway", "trainer", "sampler"}
+    seen = set()
+    for overlay, obj in objects(rendered, *SERVER_OVERLAYS):
+        spec = pod_spec(obj)
+        role = obj["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+        if spec is None or role not in server_roles:
+            continue
+        process = next(c for c in spec["containers"] if c["name"] == role)
+        assert process["readinessProbe"]["httpGet"]["path"] == "/readyz", name_of(overlay, obj)
+        assert process["livenessProbe"]["httpGet"]["path"] == "/api/v1/healthz", \
+            name_of(overlay, obj)
+        for c in spec["containers"]:
+            assert "readinessProbe" in c and "livenessProbe" in c, f"{name_of(overlay, obj)} {c}"
+        seen.add(role)
+    assert seen == server_roles
+
+
+def test_split_roles_run_the_agreed_commands(rendered):
+    args = {}
+    for _, obj in objects(rendered, "split"):
+        spec = pod_spec(obj)
+        if spec:
+            for c in spec["containers"]:
+                args[c["name"]] = c.get("command", []) + c["args"]
+    for role in ("gateway", "trainer", "sampler"):
+        assert args[role][0] == role
+        assert any(a.startswith("--redis-url=redis://") for a in args[role]), role
+    assert "--data-dir=/data/checkpoints" in args["trainer"]
+    assert {"--backend=vllm", "--vllm-url=http://localhost:8001"} <= set(args["sampler"])
+    assert args["vllm"][:2] == ["vllm", "serve"]
+    assert {"--enable-lora", "--max-loras=8"} <= set(args["vllm"])
+    assert any(a.startswith("--max-lora-rank=") for a in args["vllm"])
+
+
+def test_checkpoints_live_on_one_filestore_rwx_claim_that_every_pod_can_mount(rendered):
+    for overlay in SERVER_OVERLAYS:
+        claims = [o for _, o in objects(rendered, overlay) if o["kind"] == "PersistentVolumeClaim"]
+        assert [(c["metadata"]["name"], c["spec"]["storageClassName"], c["spec"]["accessModes"])
+                for c in claims] == [("autoresearch-data", "standard-rwx", ["ReadWriteMany"])]
+    for overlay, obj in objects(rendered):
+        spec = pod_spec(obj)
+        for volume in (spec or {}).get("volumes", []):
+            if "persistentVolumeClaim" in volume:
+                assert volume["persistentVolumeClaim"]["claimName"] == "autoresearch-data", \
+                    name_of(overlay, obj)
+
+
+def test_secrets_are_referenced_never_shipped(rendered):
+    referenced = set()
+    for overlay, obj in objects(rendered):
+        assert obj["kind"] != "Secret", f"{name_of(overlay, obj)}: secrets are created by hand"
+        spec = pod_spec(obj)
+        for volume in (spec or {}).get("volumes", []):
+            if "secret" in volume:
+                referenced.add(volume["secret"]["secretName"])
+        for c in containers(spec) if spec else []:
+            for env in c.get("env", []):
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    referenced.add(ref["name"])
+    for _, template in TRIAL_TEMPLATES.items():
+        job = yaml.safe_load(template.read_text())
+        for c in job["spec"]["template"]["spec"]["containers"]:
+            referenced |= {e["valueFrom"]["secretKeyRef"]["name"] for e in c.get("env", [])
+                           if "secretKeyRef" in e.get("valueFrom", {})}
+    assert referenced == EXTERNAL_SECRETS
+    guide = (ROOT / "docs" / "deploy-gke.md").read_text()
+    for name in EXTERNAL_SECRETS:
+        assert f"create secret generic {name}" in guide, f"the guide never creates {name}"
+
+
+def test_the_study_executor_may_manage_jobs_and_read_pods_in_its_namespace_only(rendered):
+    kinds = {obj["kind"] for _, obj in objects(rendered)}
+    assert not kinds & {"ClusterRole", "ClusterRoleBinding"}
+    for overlay in TRIAL_TEMPLATES:
+        docs = rendered[overlay]
+        role = next(o for o in docs if o["kind"] == "Role")
+        rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"])
+                 for r in role["rules"]}
+        assert rules == {
+            (("batch",), ("jobs",)): {"create", "get", "list", "watch", "delete"},
+            (("",), ("pods",)): {"get", "list"},
+            (("",), ("pods/log",)): {"get"},
+        }
+        binding = next(o for o in docs if o["kind"] == "RoleBinding")
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                      "name": role["metadata"]["name"]}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "autoresearch-runner",
+                                        "namespace": NAMESPACE}]
+        study = pod_spec(next(o for o in docs if o["kind"] == "Job"))
+        assert study["serviceAccountName"] == "autoresearch-runner"
+    for overlay, obj in objects(rendered):
+        spec = pod_spec(obj)
+        if spec and spec.get("serviceAccountName") != "autoresearch-runner":
+            assert spec["automountServiceAccountToken"] is False, name_of(overlay, obj)
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """Kubernetes label-selector semantics for matchLabels and matchExpressions."""
+    for key, value in selector.get("matchLabels", {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and labels.get(key) in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def reach(policies: list[dict], labels: dict) -> tuple[bool, bool]:
+    """(reachable from inside the namespace, reachable from outside it) for a pod's labels."""
+    inside = outside = False
+    for policy in policies:
+        if not selects(policy["spec"]["podSelector"], labels):
+            continue
+        for rule in policy["spec"].get("ingress", []):
+            peers = rule.get("from")
+            if not peers:
+                inside = outside = True
+            for peer in peers or []:
+                if "ipBlock" in peer or "namespaceSelector" in peer:
+                    outside = True
+                if set(peer) == {"podSelector"}:
+                    inside = True
+    return inside, outside
+
+
+def test_only_the_api_pods_are_reachable_from_outside_the_namespace(rendered):
+    for overlay in SERVER_OVERLAYS:
+        docs = rendered[overlay]
+        policies = [o for o in docs if o["kind"] == "NetworkPolicy"]
+        assert any(p["spec"]["podSelector"] == {} and p["spec"]["policyTypes"] == ["Ingress"]
+                   and not p["spec"].get("ingress") for p in policies), "no default deny"
+        service = next(o for o in docs if o["kind"] == "Service"
+                       and o["metadata"]["name"] == "autoresearch-api")
+        roles = {}
+        for obj in docs:
+            spec = pod_spec(obj)
+            if spec is None:
+                continue
+            labels = obj["spec"]["template"]["metadata"]["labels"]
+            role = labels["app.kubernetes.io/component"]
+            roles[role] = reach(policies, labels)
+            is_api = selects({"matchLabels": service["spec"]["selector"]}, labels)
+            assert roles[role][1] == is_api, f"{overlay}: {role} outside reach is {roles[role][1]}"
+        expected_api = {"single-gpu": {"server"}, "split": {"gateway"}}[overlay]
+        assert {r for r, (_, out) in roles.items() if out} == expected_api
+        if overlay == "split":
+            assert roles["redis"] == (True, False)
+            assert roles["trainer"] == (True, False) and roles["sampler"] == (True, False)
+
+
+def test_redis_admits_only_the_processes_that_use_it(rendered):
+    docs = rendered["split"]
+    policies = [o for o in docs if o["kind"] == "NetworkPolicy"]
+    redis_policy = next(p for p in policies if p["spec"]["podSelector"].get("matchLabels", {})
+                        .get("app.kubernetes.io/component") == "redis")
+    (rule,) = redis_policy["spec"]["ingress"]
+    (peer,) = rule["from"]
+    clients = {o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+               for o in docs if pod_spec(o)
+               and selects(peer["podSelector"], o["spec"]["template"]["metadata"]["labels"])}
+    assert clients == {"gateway", "trainer", "sampler"}
+
+
+def test_long_running_services_have_disruption_budgets_and_the_gateway_autoscales(rendered):
+    for overlay in SERVER_OVERLAYS:
+        docs = rendered[overlay]
+        budgets = [o["spec"]["selector"] for o in docs if o["kind"] == "PodDisruptionBudget"]
+        for obj in docs:
+            if obj["kind"] in {"Deployment", "StatefulSet"}:
+                labels = obj["spec"]["template"]["metadata"]["labels"]
+                assert any(selects(b, labels) for b in budgets), name_of(overlay, obj)
+    gateway = next(o for o in rendered["split"] if o["kind"] == "Deployment"
+                   and o["metadata"]["name"] == "autoresearch-gateway")
+    assert "replicas" not in gateway["spec"], "the HPA owns the gateway's replica count"
+    hpa = next(o for o in rendered["split"] if o["kind"] == "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "autoresearch-gateway"
+    assert hpa["spec"]["minReplicas"] >= 2
+
+
+def test_the_guide_applies_only_overlays_that_exist():
+    guide = (ROOT / "docs" / "deploy-gke.md").read_text()
+    for line in guide.splitlines():
+        if "-k deploy/gke/overlays/" in line:
+            path = line.split("-k ", 1)[1].split()[0]
+            assert (ROOT / path / "kustomization.yaml").exists(), line
