@@ -1,0 +1,256 @@
+"""Helpers shared by the server tests: the tiny model, servers, datums and engine probes.
+
+Everything here drives the server the way a client does (through the `tinker` SDK), except
+`EngineProbe`, which wraps the engine of an in-process server so a test can hold the engine
+thread while it queues work, and see which batches the scheduler formed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import numpy as np
+import tinker
+from tinker import types
+
+TINY_CORPUS = [
+    "select name from users where id = 1;",
+    "select count(*) from orders group by customer_id;",
+    "the quick brown fox jumps over the lazy dog",
+    "SELECT a, b FROM t JOIN u ON t.id = u.id WHERE b > 10 ORDER BY a;",
+    "hello world, hello server, hello tinker",
+] * 20
+TINY_VOCAB = 320
+SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>"]
+API_KEY = "tml-tests"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def build_tiny_model(directory: Path, corpus: list[str] | None = None,
+                     max_position_embeddings: int = 512) -> Path:
+    """Save a random 2-layer Gemma 3 and a byte-level BPE tokenizer of ~300 tokens."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.BPE(unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TINY_VOCAB,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    raw.train_from_iterator(corpus or TINY_CORPUS, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
+        unk_token="<unk>",
+    )
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        query_pre_attn_scalar=32,
+        max_position_embeddings=max_position_embeddings,
+        # One sliding-window layer with a short window, so sequences longer than 32 tokens
+        # exercise the sliding cache the way long prompts do on the real Gemma 3.
+        sliding_window=32,
+        layer_types=["sliding_attention", "full_attention"],
+        # Larger than the default 0.02, so the random model's predictions are peaked.
+        initializer_range=0.2,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(config)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def start_server(model_dir: Path | None, data_dir: Path, **overrides):
+    """An in-process server on a free port; the caller stops it."""
+    from server.runtime import ServerConfig, ServerThread
+
+    overrides.setdefault("api_keys", "")  # open: ignore AUTORESEARCH_API_KEYS from the shell
+    config = ServerConfig(model=None if model_dir is None else str(model_dir), port=0,
+                          data_dir=data_dir, **overrides)
+    return ServerThread(config).start()
+
+
+class SubprocessServer:
+    """`python -m server` in its own process, as an operator would run it."""
+
+    def __init__(self, model_dir: Path, data_dir: Path, log_path: Path):
+        from server.runtime import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if k != "AUTORESEARCH_API_KEYS"}
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "server", "--model", str(model_dir), "--port",
+             str(self.port), "--data-dir", str(data_dir)],
+            cwd=REPO_ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+        self.log_path = log_path
+
+    def wait_healthy(self, timeout: float = 300.0) -> SubprocessServer:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/api/v1/healthz", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"server not healthy: {self.log_path.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=20)
+        self._log.close()
+
+
+# ------------------------------------------------------------------ data
+def sft_datum(ids: list[int], weights: list[float] | None = None) -> types.Datum:
+    """Next-token prediction on `ids` (weights default to 1 on every target)."""
+    targets = ids[1:]
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(ids[:-1]),
+        loss_fn_inputs={
+            "target_tokens": targets,
+            "weights": weights if weights is not None else [1.0] * len(targets),
+        },
+    )
+
+
+def rl_datum(prompt: list[int], completion: list[int], sampled_lps: list[float],
+             advantage: float) -> types.Datum:
+    """A policy-gradient datum: only the completion's positions carry logprobs/advantages."""
+    ids = prompt + completion
+    n_prompt = len(prompt) - 1
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(ids[:-1]),
+        loss_fn_inputs={
+            "target_tokens": ids[1:],
+            "logprobs": [0.0] * n_prompt + list(sampled_lps),
+            "advantages": [0.0] * n_prompt + [advantage] * len(completion),
+        },
+    )
+
+
+def output_logprobs(output: types.ForwardBackwardOutput) -> list[np.ndarray]:
+    return [o["logprobs"].to_numpy().astype(np.float64) for o in output.loss_fn_outputs]
+
+
+def forward_logprobs(client: tinker.TrainingClient, data: list[types.Datum]) -> list[np.ndarray]:
+    """Per-datum target logprobs under the run's current weights (a forward-only pass)."""
+    scoring = [
+        types.Datum(
+            model_input=d.model_input,
+            loss_fn_inputs={
+                "target_tokens": d.loss_fn_inputs["target_tokens"],
+                "weights": [0.0] * d.model_input.length,
+            },
+        )
+        for d in data
+    ]
+    return output_logprobs(client.forward(scoring, "cross_entropy").result())
+
+
+def sft_step(client: tinker.TrainingClient, data: list[types.Datum], lr: float = 1e-2) -> float:
+    """One cross-entropy step; returns the loss before the update."""
+    fb = client.forward_backward(data, "cross_entropy")
+    client.optim_step(types.AdamParams(learning_rate=lr)).result()
+    return fb.result().metrics["loss:sum"]
+
+
+def new_run(service: tinker.ServiceClient, base_model: str, seed: int = 0,
+            rank: int = 8) -> tinker.TrainingClient:
+    return service.create_lora_training_client(base_model=base_model, rank=rank,
+                                               seed=seed).result()
+
+
+# ---------------------------------------------------------------- probes
+class EngineProbe:
+    """Wraps an in-process server's `engine.forward_backward` and `engine.sample`.
+
+    It records how many jobs each engine call carried (2+ forward_backward jobs means runs were
+    fused into one batch; 2+ sample jobs means requests were decoded together) and, when armed,
+    holds the engine thread inside the next forward_backward call until released, so a test
+    can queue work and let the scheduler take all of it in one turn.
+    """
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.calls: list[int] = []
+        self.sample_calls: list[int] = []
+        self._forward_backward: Callable = engine.forward_backward
+        self._sample: Callable = engine.sample
+        self._armed = False
+        self._entered = threading.Event()
+        self._release = threading.Event()
+        engine.forward_backward = self._call
+        engine.sample = self._call_sample
+
+    def _call(self, jobs):
+        if self._armed:
+            self._armed = False
+            self._entered.set()
+            self._release.wait(timeout=60)
+        self.calls.append(len(jobs))
+        return self._forward_backward(jobs)
+
+    def _call_sample(self, jobs):
+        self.sample_calls.append(len(jobs))
+        return self._sample(jobs)
+
+    def arm(self) -> None:
+        self._entered.clear()
+        self._release.clear()
+        self._armed = True
+
+    def wait_held(self, timeout: float = 30.0) -> None:
+        if not self._entered.wait(timeout):
+            raise TimeoutError("the engine never reached the held call")
+
+    def release(self) -> None:
+        self._release.set()
+
+    def restore(self) -> None:
+        self._release.set()
+        self.engine.forward_backward = self._forward_backward
+        self.engine.sample = self._sample
+
+
+def wait_queued(scheduler, expected: dict[str, int], timeout: float = 30.0) -> None:
+    """Block until each queue has at least `expected[name]` requests waiting (a run id, or
+    `_sampling` for sample requests)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        depths = scheduler.queue_depths()
+        if all(depths.get(rid, 0) >= n for rid, n in expected.items()):
+            return
+        time.sleep(0.01)
+    raise TimeoutError(f"requests never queued: {scheduler.queue_depths()} vs {expected}")
