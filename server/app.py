@@ -151,6 +151,15 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
     async def healthz(request: Request):
         return {"status": "ok"}
 
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        """Readiness: the engine thread is alive and not stuck while work waits for it."""
+        stalled = service.scheduler.stalled_seconds()
+        if stalled > service.scheduler.stall_limit:
+            reason = "engine stalled" if stalled < float("inf") else "engine thread stopped"
+            return JSONResponse({"status": reason}, 503)
+        return JSONResponse({"status": "ready"})
+
     @app.get("/metrics")
     async def metrics() -> Response:
         """Prometheus scrape endpoint (no key: scrape it from inside the cluster only)."""
@@ -328,6 +337,10 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
     async def unpublish(request: Request, who: str):
         service.set_public(who, *_ckpt(request), False)
         return Response(status_code=204)
+
+    @route("POST", "/copy_weights")
+    async def copy_weights(request: Request, who: str):
+        return service.copy_weights(who, await _json(request))
 
     @app.on_event("shutdown")
     async def _shutdown() -> None:  # pragma: no cover - exercised by process exit

@@ -642,6 +642,34 @@ class TrainingService:
             "optimizer_config": {"type": "adamw"},
         }
 
+    def copy_weights(self, owner: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Copy a readable checkpoint into a new run of the caller's that cannot be trained on.
+
+        Projects are not modelled: the copy belongs to the caller's key, and a
+        `destination_project_id` is only recorded on the new run.
+        """
+        source = TinkerPath.parse(body["source_path"])
+        self._readable_checkpoint(owner, source)
+        if body.get("session_id") is not None:
+            session = self._session(owner, body["session_id"])
+            run_id = f"{session.session_id}:train:{int(body['model_seq_id'])}"
+            if run_id in self.runs or self.store.read_run(run_id) is not None:
+                raise UserError(f"model_seq_id {body['model_seq_id']} was already used")
+        else:
+            run_id = f"copy-{uuid.uuid4().hex[:12]}"
+        with_optimizer = source.kind == "weights"
+        adapter, opt_state, meta = self.store.load(source, self.engine.device, with_optimizer)
+        source_run = self.store.read_run(source.run_id) or {}
+        base_model = source_run.get("base_model", self.base_model)
+        self.store.write_run(run_id, {**source_run, "owner": owner, "base_model": base_model,
+                                      "lora_rank": adapter.spec.rank, "created": now_iso(),
+                                      "copied_from": str(source),
+                                      "project_id": body.get("destination_project_id")})
+        target = TinkerPath(run_id, source.kind, source.name)
+        ttl = {"ttl_seconds": body.get("ttl_seconds"), "user_metadata": meta.get("user_metadata")}
+        self.store.save(target, adapter, base_model, opt_state, self._ttl_meta(ttl))
+        return {"tinker_path": str(target)}
+
     def list_sessions(self, owner: str, limit: int, offset: int) -> dict[str, Any]:
         ids = [sid for sid, s in self.sessions.items() if s.owner == owner]
         return {"sessions": ids[offset : offset + limit]}
