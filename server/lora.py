@@ -138,11 +138,12 @@ class MultiLoRALinear(nn.Module):
             if adapter is None or self.name not in adapter.a:
                 continue
             a, b = adapter.a[self.name], adapter.b[self.name]
+            # Scale the rank-r intermediate, not the (possibly vocabulary-wide) output.
             if group.start == 0 and group.stop == batch:
-                out = out + (x.to(a.dtype) @ a.T @ b.T).to(out.dtype) * adapter.spec.scale
+                out = out + (((x.to(a.dtype) @ a.T) * adapter.spec.scale) @ b.T).to(out.dtype)
                 continue
             rows = x[group.start : group.stop].to(a.dtype)
-            delta = (rows @ a.T @ b.T).to(out.dtype) * adapter.spec.scale
+            delta = (((rows @ a.T) * adapter.spec.scale) @ b.T).to(out.dtype)
             pad = (0, 0) * (out.dim() - 1) + (group.start, batch - group.stop)
             out = out + nn.functional.pad(delta, pad)
         return out
