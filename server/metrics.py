@@ -81,6 +81,12 @@ class ServerMetrics:
                                 registry=r)
         self.rejections = Counter("autoresearch_backpressure_rejections",
                                   "Requests refused with 429 by quota", ["reason"], registry=r)
+        # Labelled series exist only once touched: create the known ones at zero, so a scrape
+        # (and a rate() over it) sees every documented series before the first event.
+        for reason in ("max_runs", "queued_tokens"):
+            self.rejections.labels(reason)
+        for kind in ("train", "sample"):
+            self.tokens.labels(kind)
         self.duty = DutyCycle()
         self._token_events: dict[str, collections.deque[tuple[float, int]]] = {
             "train": collections.deque(), "sample": collections.deque()

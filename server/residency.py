@@ -124,7 +124,8 @@ class Residency:
             "steps": state.steps,
         }
         safe = run_id.replace(":", "_").replace("/", "_")
-        fd, tmp = tempfile.mkstemp(prefix=".spill-", dir=self.spill_dir)
+        # torch.save names the archive after the file's stem, which must not be empty.
+        fd, tmp = tempfile.mkstemp(prefix=".spill-", suffix=".tmp", dir=self.spill_dir)
         os.close(fd)
         torch.save(payload, tmp)
         target = self.spill_dir / f"{safe}.pt"

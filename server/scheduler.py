@@ -81,6 +81,14 @@ class Scheduler:
         self._samples: collections.deque[Work] = collections.deque()
         self._last_was_sampling = False
         self._stopping = False
+        self.sample_quiet_seconds = 0.01
+        self.sample_gather_seconds = 0.05
+        """Batching window for sampling: wait for 10 ms of quiet, 50 ms at most."""
+        self._wake_in: float | None = None
+        self.last_tick = time.monotonic()
+        """When the engine loop last came round (it does at least every `maintenance_seconds`)."""
+        self.stall_limit = 120.0
+        """Seconds without a tick while work waits after which the engine counts as stuck."""
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._thread.start()
 
@@ -94,6 +102,12 @@ class Scheduler:
     def has_stream(self, run_id: str) -> bool:
         with self._cond:
             return run_id in self._streams
+
+    def is_next(self, run_id: str, seq_id: int | None) -> bool:
+        """Is this the request its run's stream is waiting for (so it must never be refused)?"""
+        with self._cond:
+            stream = self._streams.get(run_id)
+            return stream is not None and seq_id == stream.next_seq
 
     def queued_tokens(self, owner: str) -> int:
         with self._cond:
@@ -153,6 +167,13 @@ class Scheduler:
             depths["_control"] = len(self._control)
             return depths
 
+    def stalled_seconds(self) -> float:
+        """How long work has waited on an engine loop that has not come round (0 when idle)."""
+        if not self._thread.is_alive():
+            return float("inf")
+        waiting = any(self.queue_depths().values())
+        return time.monotonic() - self.last_tick if waiting else 0.0
+
     def stop(self) -> None:
         with self._cond:
             self._stopping = True
@@ -176,6 +197,8 @@ class Scheduler:
             return "control", [work]
         heads = self._ready_heads()
         want_sampling = bool(self._samples) and (not heads or not self._last_was_sampling)
+        if want_sampling and not heads and self._gathering():
+            return None
         if want_sampling:
             batch, rows = [], 0
             while self._samples and (not batch or rows + self._samples[0].sample.num_samples
@@ -214,6 +237,22 @@ class Scheduler:
                 break
         return "train", batch
 
+    def _gathering(self) -> bool:
+        """Hold an idle engine a few milliseconds while sample requests are still arriving.
+
+        A client submits a group's prompts as separate requests within milliseconds of each
+        other; starting on the first alone would decode the rest in a second batch.
+        """
+        now = time.monotonic()
+        rows = sum(w.sample.num_samples for w in self._samples)
+        quiet = now - self._samples[-1].enqueued
+        waited = now - self._samples[0].enqueued
+        if (rows < self.max_sample_rows and quiet < self.sample_quiet_seconds
+                and waited < self.sample_gather_seconds):
+            self._wake_in = self.sample_quiet_seconds - quiet
+            return True
+        return False
+
     def _advance(self, work: Work) -> None:
         """Pop a run's head and send the run to the back of the round-robin order."""
         stream = self._streams[work.run_id]
@@ -226,12 +265,16 @@ class Scheduler:
     def _loop(self) -> None:
         last_maintenance = time.monotonic()
         while True:
+            self.last_tick = time.monotonic()
             with self._cond:
                 turn = self._take_turn()
                 while turn is None and not self._stopping:
-                    self._cond.wait(timeout=self.maintenance_seconds)
+                    timeout = self.maintenance_seconds
+                    if self._wake_in is not None:
+                        timeout, self._wake_in = min(timeout, max(self._wake_in, 0.001)), None
+                    self._cond.wait(timeout=timeout)
                     turn = self._take_turn()
-                    if turn is None:
+                    if turn is None and self._wake_in is None:
                         break
                 if self._stopping:
                     return
@@ -262,12 +305,15 @@ class Scheduler:
         if kind == "train":
             rows = sum(len(w.job.data) for w in batch)
             self.metrics.record_tokens("train", sum(w.tokens for w in batch))
+            runs = len({w.run_id for w in batch})
         elif kind == "sample":
             rows = sum(w.sample.num_samples for w in batch)
+            # Sample work carries no run id: its distinct adapters (snapshots) are the runs.
+            runs = len({id(w.sample.adapter) for w in batch})
         else:
             return
         self.metrics.batch_rows.labels(kind).observe(rows)
-        self.metrics.batch_runs.labels(kind).observe(len({w.run_id for w in batch}))
+        self.metrics.batch_runs.labels(kind).observe(runs)
 
     def _execute(self, kind: str, batch: list[Work]) -> None:
         try:

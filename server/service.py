@@ -334,7 +334,10 @@ class TrainingService:
             invalid = exc
         kind = "forward" if call.forward_only else "forward_backward"
         tokens = sum(len(d.tokens) for d in job.data)
-        self._check_backlog(owner, tokens)
+        # The request a run's stream waits on is always admitted: the SDK sends a batch's later
+        # chunks first, and refusing the first one while they hold the quota would deadlock.
+        if not self.scheduler.is_next(run.run_id, call.seq_id):
+            self._check_backlog(owner, tokens)
 
         def make(record: FutureRecord) -> Work:
             done = self._complete(record, to_proto=_encode_fb)
