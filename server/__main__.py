@@ -1,18 +1,27 @@
-"""`autoresearch-server` / `python -m server`: serve the Tinker API on one resident model."""
+"""`autoresearch-server` / `python -m server`: serve the Tinker API on one resident model.
+
+`python -m server gateway|trainer|sampler --redis-url URL ...` runs one role of the distributed
+server instead (`server.distributed`); the gateway role never imports torch.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from server.logs import configure as configure_logging
-from server.runtime import ServerConfig, serve
-from server.service import Limits
+
+if TYPE_CHECKING:
+    from server.runtime import ServerConfig
+
+ROLES = ("gateway", "trainer", "sampler")
 
 
-def parse_args(argv: list[str] | None = None) -> ServerConfig:
+def build_parser(prog: str = "autoresearch-server") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="autoresearch-server",
+        prog=prog,
         description="A self-hosted, Tinker-compatible LoRA training server.",
     )
     parser.add_argument("--model", default=None,
@@ -37,7 +46,13 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     parser.add_argument("--idle-evict-seconds", type=float, default=None,
                         help="spill a run's adapter to disk after this long without requests")
     parser.add_argument("--log-json", action="store_true", help="structured JSON log lines")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    from server.runtime import ServerConfig
+    from server.service import Limits
+
     config = ServerConfig(model=args.model, device=args.device, dtype=args.dtype, host=args.host,
                           port=args.port, api_keys_file=args.api_keys_file, fuse=not args.no_fuse,
                           tokenizer_id=args.tokenizer_id,
@@ -49,7 +64,19 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     return config
 
 
+def parse_args(argv: list[str] | None = None) -> ServerConfig:
+    return config_from_args(build_parser().parse_args(argv))
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ROLES:
+        from server.distributed.cli import main as run_role
+
+        run_role(argv[0], argv[1:])
+        return
+    from server.runtime import serve
+
     config = parse_args(argv)
     configure_logging(json_lines=getattr(config, "log_json", False))
     serve(config)

@@ -1,0 +1,21 @@
+"""The distributed server: stateless gateways, one trainer worker, sampler workers, over Redis.
+
+Roles (`python -m server <role> --redis-url URL ...`):
+
+- gateway (`gateway.py`): serves the same `/api/v1` surface as the single-process server. It
+  authenticates, turns every request into an *op* (method, path, owner, body) in Redis and waits
+  for the op's reply; `retrieve_future` is answered from Redis, so any gateway answers any future.
+- trainer (`trainer.py`): the single-process `TrainingService` (engine, scheduler, residency,
+  checkpoints) behind a dispatcher that takes ops from a reliable queue and runs them through the
+  ordinary FastAPI app in process. Futures resolve into Redis (`store.RedisFutureStore`).
+- sampler (`sampler.py`): takes sampling jobs that name an immutable, content-addressed adapter
+  snapshot in the shared data dir and runs them on any backend with `sample(jobs)`.
+
+Guarantees and where they come from:
+
+- Every queue hand-off is one atomic Redis command (BLMOVE pending -> processing, LREM to
+  acknowledge), so an op is never lost between reading and deleting it.
+- Results are written once (SET NX): a replayed op recomputes its result and the write is a no-op.
+- State-changing ops are appended to a durable op log (`journal.py`) atomically with their
+  acknowledgement; a restarted trainer restores each run's last saved state and replays the rest.
+"""

@@ -1,0 +1,236 @@
+"""The gateway: the `/api/v1` HTTP surface, holding no state of its own.
+
+Every request except health, readiness and futures becomes an op in Redis that the trainer
+answers with the single-process server's own handlers, so answers and error shapes are
+identical. An SDK retry carries the same `X-Idempotency-Key`, which names the same op: a retried
+request is enqueued once and gets the first attempt's answer. `retrieve_future` long-polls the
+result in Redis, so a future can be collected from any gateway. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+
+import redis.asyncio as aioredis
+import zstandard
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from server.auth import AuthError, KeyRing
+from server.distributed.store import (
+    ENQUEUE_ONCE,
+    REPLY_TTL_SECONDS,
+    WITHDRAW,
+    Keys,
+    decode_reply,
+    decode_result,
+)
+from server.futures import LONG_POLL_SECONDS
+
+log = logging.getLogger(__name__)
+
+API = "/api/v1"
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""The single-process server's request limit (`server.app.MAX_BODY_BYTES`)."""
+REPLY_WAIT_SECONDS = 25.0
+"""Twice this stays under the SDK's 60 s request timeout."""
+UNAUTHENTICATED = {"client/config", "client/dynamic_config"}
+
+
+class BodyTooLarge(ValueError):
+    pass
+
+
+def _error(status: int, message: str, kind: str, retry: bool | None = None) -> JSONResponse:
+    response = JSONResponse({"error": message, "type": kind}, status_code=status)
+    if retry is not None:
+        response.headers["x-should-retry"] = "true" if retry else "false"
+    return response
+
+
+async def _read_body(request: Request) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise BodyTooLarge(f"request body of {declared} bytes exceeds {MAX_BODY_BYTES}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise BodyTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    if request.headers.get("content-encoding", "").lower() == "zstd":
+        try:
+            body = zstandard.ZstdDecompressor().stream_reader(body).read(MAX_BODY_BYTES + 1)
+        except zstandard.ZstdError as exc:
+            raise ValueError(f"invalid zstd body: {exc}") from None
+        if len(body) > MAX_BODY_BYTES:
+            raise BodyTooLarge(f"decompressed body exceeds {MAX_BODY_BYTES} bytes")
+    return body
+
+
+def op_id_for(owner: str, method: str, path: str, idempotency_key: str | None) -> str:
+    """One op per client request: retries with the same idempotency key share the id."""
+    if not idempotency_key:
+        return f"op-{uuid.uuid4().hex}"
+    digest = hashlib.sha256("\0".join((owner, method, path, idempotency_key)).encode())
+    return f"op-{digest.hexdigest()[:32]}"
+
+
+class Gateway:
+    """Redis operations of one gateway process (asyncio)."""
+
+    def __init__(self, client: aioredis.Redis, keys: Keys):
+        self.redis = client
+        self.keys = keys
+        self._enqueue = client.register_script(ENQUEUE_ONCE)
+        self._withdraw = client.register_script(WITHDRAW)
+
+    async def wait_value(self, key: str, timeout: float) -> bytes | None:
+        value = await self.redis.get(key)
+        if value is None:
+            await self.redis.blmove(key + ":n", key + ":n", timeout, "RIGHT", "LEFT")
+            value = await self.redis.get(key)
+        return value
+
+    async def submit(self, op_id: str, fields: dict[str, str | bytes]) -> None:
+        flat: list[str | bytes] = [item for pair in fields.items() for item in pair]
+        await self._enqueue(keys=[self.keys.claim(op_id), self.keys.op(op_id), self.keys.ops,
+                                  self.keys.reply(op_id)],
+                            args=[REPLY_TTL_SECONDS, op_id, *flat])
+
+    async def withdraw(self, op_id: str) -> bool:
+        """Take back an op no trainer has taken yet (so a retry may enqueue it again)."""
+        return bool(await self._withdraw(
+            keys=[self.keys.ops, self.keys.op(op_id), self.keys.claim(op_id)], args=[op_id]))
+
+    async def call(self, op_id: str, fields: dict[str, str | bytes]) -> Response:
+        await self.submit(op_id, fields)
+        reply = await self.wait_value(self.keys.reply(op_id), REPLY_WAIT_SECONDS)
+        if reply is None:
+            if await self.withdraw(op_id):
+                return _error(503, "no trainer took the request in time; retry", "unavailable",
+                              retry=True)
+            reply = await self.wait_value(self.keys.reply(op_id), REPLY_WAIT_SECONDS)
+        if reply is None:
+            return _error(503, "the trainer is still working on the request; retry",
+                          "unavailable", retry=True)
+        status, media_type, body = decode_reply(reply)
+        return Response(body, status_code=status, media_type=media_type or None)
+
+    async def live_trainers(self) -> list[str]:
+        members = sorted(m.decode()
+                         for m in await self.redis.smembers(self.keys.members("trainer")))
+        if not members:
+            return []
+        beats = await self.redis.mget([self.keys.alive("trainer", m) for m in members])
+        return [m for m, beat in zip(members, beats, strict=True) if beat is not None]
+
+
+def create_gateway_app(client: aioredis.Redis, keys: KeyRing, prefix: str = "ar") -> FastAPI:
+    app = FastAPI(title="autoresearch gateway", docs_url=None, redoc_url=None)
+    gateway = Gateway(client, Keys(prefix))
+    app.state.gateway = gateway
+
+    def owner(request: Request) -> str:
+        return keys.authenticate(request.headers.get("x-api-key"))
+
+    @app.get(API + "/healthz")
+    async def healthz() -> dict[str, str]:
+        """Liveness: the process serves HTTP (Redis and trainers are readiness concerns)."""
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        """Ready when Redis answers and at least one trainer has heartbeated recently."""
+        try:
+            trainers = await gateway.live_trainers()
+        except aioredis.RedisError as exc:
+            return JSONResponse({"status": "redis unavailable", "detail": str(exc)}, 503)
+        if not trainers:
+            return JSONResponse({"status": "no live trainer"}, 503)
+        return JSONResponse({"status": "ready", "trainers": trainers})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Queue depths as Prometheus text (the trainer exports the engine's own metrics)."""
+        k = gateway.keys
+        pending, taken, samples = await gateway.redis.pipeline().llen(k.ops).llen(
+            k.processing).llen(k.samples).execute()
+        lines = ["# TYPE autoresearch_gateway_queue gauge"]
+        for name, value in (("pending", pending), ("taken", taken), ("samples", samples)):
+            lines.append(f'autoresearch_gateway_queue{{queue="{name}"}} {value}')
+        return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    @app.post(API + "/retrieve_future")
+    async def retrieve_future(request: Request) -> Response:
+        try:
+            who = owner(request)
+            body = json.loads(await _read_body(request) or b"{}")
+        except AuthError as exc:
+            return _error(401, str(exc), "authentication_error")
+        except (ValueError, BodyTooLarge) as exc:
+            return _error(400, str(exc), "invalid_request")
+        request_id = str(body.get("request_id"))
+        meta = await gateway.redis.hgetall(gateway.keys.future(request_id))
+        if not meta or meta.get(b"owner", b"").decode() != who:
+            return JSONResponse({"error": f"unknown request id {body.get('request_id')!r}",
+                                 "category": "user"})
+        value = await gateway.wait_value(gateway.keys.result(request_id), LONG_POLL_SECONDS)
+        if value is None:
+            return JSONResponse({"type": "try_again", "request_id": request_id,
+                                 "queue_state": "active"})
+        kind, payload = decode_result(value)
+        if kind == "proto":
+            return Response(payload, media_type="application/x-protobuf")
+        return JSONResponse(payload)
+
+    @app.post(API + "/cancel_future")
+    @app.post(API + "/telemetry")
+    async def accepted(request: Request) -> Response:
+        try:
+            owner(request)
+            await _read_body(request)
+        except AuthError as exc:
+            return _error(401, str(exc), "authentication_error")
+        except (ValueError, BodyTooLarge) as exc:
+            return _error(400, str(exc), "invalid_request")
+        return JSONResponse({"status": "accepted" if request.url.path.endswith("telemetry")
+                             else "ok"})
+
+    @app.api_route(API + "/{path:path}", methods=["GET", "POST", "PUT", "DELETE"])
+    async def forward(request: Request, path: str) -> Response:
+        try:
+            who = "" if path in UNAUTHENTICATED else owner(request)
+            body = await _read_body(request)
+        except AuthError as exc:
+            return _error(401, str(exc), "authentication_error")
+        except BodyTooLarge as exc:
+            return _error(413, str(exc), "payload_too_large")
+        except ValueError as exc:
+            return _error(400, str(exc), "invalid_request")
+        op_id = op_id_for(who, request.method, path, request.headers.get("x-idempotency-key"))
+        fields: dict[str, str | bytes] = {
+            "method": request.method,
+            "path": "/" + path,
+            "query": request.url.query,
+            "owner": who,
+            "content_type": request.headers.get("content-type", ""),
+            "body": body,
+        }
+        try:
+            return await gateway.call(op_id, fields)
+        except aioredis.RedisError:
+            log.exception("redis unavailable for %s", path)
+            return _error(503, "the server's queue is unavailable; retry", "unavailable",
+                          retry=True)
+
+    @app.on_event("shutdown")
+    async def _close() -> None:  # pragma: no cover - process exit
+        await client.aclose()
+
+    return app
+

@@ -1,0 +1,192 @@
+"""The sampler worker: sampling jobs from Redis, run on any backend, results written once.
+
+A job names its adapter by an immutable snapshot directory (`snapshots.py`), never by a run, so
+a sampler can cache adapters by path and never serves weights that changed under it. Jobs move
+atomically from the shared queue to this worker's processing list and leave it only after their
+result is stored; a worker that dies leaves them there, and another worker moves them back.
+
+A backend is any object with `sample(jobs: list[SampleJob]) -> list[SampleResult]`: the torch
+`Engine` by default. Each job's `adapter` is a `StoredAdapter`, whose `path` is the snapshot.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import uuid
+from pathlib import Path
+from typing import Any, Protocol
+
+from server.codec import SampleResult, encode_sample_response
+from server.distributed.snapshots import StoredAdapter, load_snapshot
+from server.distributed.store import Store, encode_result
+from server.engine import SampleJob, SamplingParams, UserError
+from server.futures import RESULT_TTL_SECONDS
+
+log = logging.getLogger(__name__)
+
+
+class SamplingBackend(Protocol):
+    def sample(self, jobs: list[SampleJob]) -> list[SampleResult]: ...
+
+
+class SamplerWorker:
+    def __init__(self, store: Store, backend: SamplingBackend, device: Any = "cpu",
+                 worker_id: str | None = None, heartbeat_ttl: float = 10.0,
+                 max_rows: int = 64, cached_adapters: int = 16):
+        self.store = store
+        self.keys = store.keys
+        self.backend = backend
+        self.device = device
+        self.worker_id = worker_id or f"sampler-{uuid.uuid4().hex[:8]}"
+        self.heartbeat_ttl = heartbeat_ttl
+        self.max_rows = max_rows
+        self.cached_adapters = cached_adapters
+        self.processing = self.keys.samples_processing(self.worker_id)
+        self._adapters: collections.OrderedDict[str, StoredAdapter] = collections.OrderedDict()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> SamplerWorker:
+        self.reclaim(include_own=True)
+        for target, name in ((self._loop, "sampler"), (self._heartbeat, "heartbeat")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=30)
+        self.store.redis.delete(self.keys.alive("sampler", self.worker_id))
+        self.store.redis.srem(self.keys.members("sampler"), self.worker_id)
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        alive = all(t.is_alive() for t in self._threads) and bool(self._threads)
+        return alive, {"worker_id": self.worker_id}
+
+    def _heartbeat(self) -> None:
+        while True:
+            try:
+                if self.readiness()[0]:
+                    self.store.heartbeat("sampler", self.worker_id, self.heartbeat_ttl)
+                self.reclaim()
+            except Exception:  # noqa: BLE001 - a Redis hiccup must not stop the heartbeat
+                log.exception("sampler heartbeat failed")
+            if self._stop.wait(self.heartbeat_ttl / 4):
+                return
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.run_once(block_seconds=1.0)
+            except Exception:  # noqa: BLE001 - jobs stay taken and are retried
+                log.exception("sampling batch failed")
+                self._stop.wait(1.0)
+
+    def reclaim(self, include_own: bool = False) -> int:
+        """Move jobs of dead samplers (and this worker's earlier life) back to the queue."""
+        live = set(self.store.live_workers("sampler"))
+        members = {m.decode() for m in self.store.redis.smembers(self.keys.members("sampler"))}
+        dead = {m for m in members if m not in live and m != self.worker_id}
+        if include_own:
+            dead.add(self.worker_id)
+        moved = 0
+        for worker in dead:
+            source = self.keys.samples_processing(worker)
+            while self.store.redis.lmove(source, self.keys.samples, "LEFT", "RIGHT") is not None:
+                moved += 1
+            if worker != self.worker_id:
+                self.store.redis.srem(self.keys.members("sampler"), worker)
+        if moved:
+            log.info("requeued %d sampling jobs of %s", moved, sorted(dead))
+        return moved
+
+    # ---------------------------------------------------------------- work
+    def _take(self, block_seconds: float) -> list[str]:
+        redis = self.store.redis
+        if block_seconds > 0:
+            first = redis.blmove(self.keys.samples, self.processing, block_seconds, "RIGHT", "LEFT")
+        else:
+            first = redis.lmove(self.keys.samples, self.processing, "RIGHT", "LEFT")
+        if first is None:
+            return []
+        taken = [first.decode()]
+        while len(taken) < self.max_rows:
+            more = redis.lmove(self.keys.samples, self.processing, "RIGHT", "LEFT")
+            if more is None:
+                break
+            taken.append(more.decode())
+        return taken
+
+    def _adapter(self, path: str | None) -> StoredAdapter | None:
+        if path is None:
+            return None
+        if path in self._adapters:
+            self._adapters.move_to_end(path)
+            return self._adapters[path]
+        adapter = load_snapshot(Path(path), self.device)
+        self._adapters[path] = adapter
+        while len(self._adapters) > self.cached_adapters:
+            self._adapters.popitem(last=False)
+        return adapter
+
+    def _job(self, spec: dict[str, Any]) -> SampleJob:
+        return SampleJob(self._adapter(spec["adapter"]), list(spec["prompt"]),
+                         int(spec["num_samples"]), SamplingParams(**spec["params"]),
+                         prompt_logprobs=bool(spec["prompt_logprobs"]),
+                         topk_prompt_logprobs=int(spec["topk_prompt_logprobs"]),
+                         topk_sample_logprobs=int(spec["topk_sample_logprobs"]))
+
+    def run_once(self, block_seconds: float = 0.0) -> int:
+        """Take up to `max_rows` jobs, sample them together, store their results."""
+        taken = self._take(block_seconds)
+        if not taken:
+            return 0
+        raws = self.store.redis.mget([self.keys.sample(job_id) for job_id in taken])
+        jobs: list[tuple[str, SampleJob]] = []
+        for job_id, raw in zip(taken, raws, strict=True):
+            if raw is None:  # already done by a worker that died before acknowledging
+                self._ack(job_id)
+                continue
+            try:
+                jobs.append((job_id, self._job(json.loads(raw))))
+            except Exception as exc:  # noqa: BLE001 - e.g. a snapshot that was deleted
+                self._finish(job_id, encode_result(error=f"could not load job: {exc}",
+                                                   category="server"))
+        self._sample(jobs)
+        return len(taken)
+
+    def _sample(self, jobs: list[tuple[str, SampleJob]]) -> None:
+        if not jobs:
+            return
+        try:
+            results = self.backend.sample([job for _, job in jobs])
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to its caller
+            if len(jobs) > 1:  # one bad job must not fail the others
+                for one in jobs:
+                    self._sample([one])
+                return
+            category = "user" if isinstance(exc, UserError | ValueError) else "server"
+            log.warning("sampling %s failed: %s", jobs[0][0], exc)
+            self._finish(jobs[0][0], encode_result(error=str(exc) or type(exc).__name__,
+                                                   category=category))
+            return
+        for (job_id, _), result in zip(jobs, results, strict=True):
+            self._finish(job_id, encode_result(proto=encode_sample_response(result)))
+        self.store.redis.hincrby(self.keys.stats, f"sampled:{self.worker_id}", len(jobs))
+
+    def _finish(self, job_id: str, value: bytes) -> None:
+        self.store.publish_once(self.keys.result(job_id), value, int(RESULT_TTL_SECONDS))
+        self.store.redis.expire(self.keys.future(job_id), int(RESULT_TTL_SECONDS))
+        self._ack(job_id)
+
+    def _ack(self, job_id: str) -> None:
+        pipe = self.store.redis.pipeline(transaction=True)
+        pipe.lrem(self.processing, 0, job_id)
+        pipe.delete(self.keys.sample(job_id))
+        pipe.execute()
