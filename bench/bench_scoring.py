@@ -24,10 +24,9 @@ import duckdb
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "datasets")]
 
-from sqltasks import load_corpus  # noqa: E402
-
 from rewards import RewardPool, Task, execution_match, extract_sql  # noqa: E402
 from rewards.sqlinfo import has_top_level_order_by  # noqa: E402
+from sqltasks import load_corpus  # noqa: E402
 
 
 def predictions(tasks: list[Task], per_task: int, seed: int = 0) -> list[tuple[str, Task]]:

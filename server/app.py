@@ -107,7 +107,9 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
             async def endpoint(request: Request) -> Response:
                 try:
                     who = owner(request) if authenticated else ""
-                    result = await handler(request, who) if authenticated else await handler(request)
+                    result = (
+                        await handler(request, who) if authenticated else await handler(request)
+                    )
                 except AuthError as exc:
                     return _error(401, str(exc), "authentication_error")
                 except NotFound as exc:
@@ -122,8 +124,15 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
                     return response
                 except BodyTooLarge as exc:
                     return _error(413, str(exc), "payload_too_large")
-                except (UserError, LossError, CheckpointError, WireError, KeyError, TypeError,
-                        ValueError) as exc:
+                except (
+                    UserError,
+                    LossError,
+                    CheckpointError,
+                    WireError,
+                    KeyError,
+                    TypeError,
+                    ValueError,
+                ) as exc:
                     message = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
                     return _error(400, message, "invalid_request")
                 except Exception:  # noqa: BLE001 - never crash the server on a request
@@ -174,12 +183,16 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
 
     @route("GET", "/get_server_capabilities")
     async def capabilities(request: Request, who: str):
-        return {"supported_models": [{
-            "model_name": service.base_model,
-            "max_context_length": service.engine.max_context,
-            "trainable": True,
-            "sampleable": True,
-        }]}
+        return {
+            "supported_models": [
+                {
+                    "model_name": service.base_model,
+                    "max_context_length": service.engine.max_context,
+                    "trainable": True,
+                    "sampleable": True,
+                }
+            ]
+        }
 
     @route("POST", "/telemetry")
     async def telemetry(request: Request, who: str):
@@ -276,8 +289,11 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
         if not record.done.is_set():
             finished = await service.futures.wait(record, LONG_POLL_SECONDS)
             if not finished:
-                return {"type": "try_again", "request_id": record.request_id,
-                        "queue_state": record.queue_state}
+                return {
+                    "type": "try_again",
+                    "request_id": record.request_id,
+                    "queue_state": record.queue_state,
+                }
         if record.error is not None:
             return {"error": record.error, "category": record.category}
         if record.proto_result is not None:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from server.lora import MLP_MODULES, UNEMBED_MODULES, AdapterWeights, LoraSpec, ATTN_MODULES
+from server.lora import ATTN_MODULES, MLP_MODULES, UNEMBED_MODULES, AdapterWeights, LoraSpec
 
 KINDS = {"weights": "training", "sampler_weights": "sampler"}
 PEFT_PREFIX = "base_model.model."
@@ -47,10 +47,14 @@ class TinkerPath:
     @classmethod
     def parse(cls, path: str) -> TinkerPath:
         if not isinstance(path, str) or not path.startswith("tinker://"):
-            raise CheckpointError(f"checkpoint paths look like tinker://<run>/<kind>/<name>, got {path!r}")
+            raise CheckpointError(
+                f"checkpoint paths look like tinker://<run>/<kind>/<name>, got {path!r}"
+            )
         parts = path[len("tinker://") :].split("/")
         if len(parts) != 3 or not all(parts):
-            raise CheckpointError(f"checkpoint paths look like tinker://<run>/<kind>/<name>, got {path!r}")
+            raise CheckpointError(
+                f"checkpoint paths look like tinker://<run>/<kind>/<name>, got {path!r}"
+            )
         run_id, kind, name = parts
         if kind not in KINDS:
             raise CheckpointError(f"unknown checkpoint kind {kind!r} in {path!r}")
@@ -101,8 +105,12 @@ def spec_from_peft(config: dict[str, Any]) -> LoraSpec:
 def adapter_tensors(adapter: AdapterWeights) -> dict[str, torch.Tensor]:
     tensors = {}
     for name in adapter.a:
-        tensors[f"{PEFT_PREFIX}{name}.lora_A.weight"] = adapter.a[name].detach().float().cpu().contiguous()
-        tensors[f"{PEFT_PREFIX}{name}.lora_B.weight"] = adapter.b[name].detach().float().cpu().contiguous()
+        tensors[f"{PEFT_PREFIX}{name}.lora_A.weight"] = (
+            adapter.a[name].detach().float().cpu().contiguous()
+        )
+        tensors[f"{PEFT_PREFIX}{name}.lora_B.weight"] = (
+            adapter.b[name].detach().float().cpu().contiguous()
+        )
     return tensors
 
 
@@ -210,7 +218,9 @@ class CheckpointStore:
         if with_optimizer:
             opt_file = directory / "optimizer.pt"
             if not opt_file.exists():
-                raise CheckpointError(f"{path} has no optimizer state (sampler checkpoints never do)")
+                raise CheckpointError(
+                    f"{path} has no optimizer state (sampler checkpoints never do)"
+                )
             optimizer_state = torch.load(opt_file, map_location=device, weights_only=True)
         return adapter, optimizer_state, self.read_meta(path)
 
@@ -224,7 +234,9 @@ class CheckpointStore:
         with self._lock:
             meta = self.read_meta(path)
             meta.update(changes)
-            _atomic_write_text(self.checkpoint_dir(path) / "checkpoint.json", json.dumps(meta, indent=2))
+            _atomic_write_text(
+                self.checkpoint_dir(path) / "checkpoint.json", json.dumps(meta, indent=2)
+            )
             return meta
 
     def list(self, run_id: str) -> list[dict[str, Any]]:

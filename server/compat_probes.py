@@ -53,12 +53,16 @@ def family(method: str) -> str:
 
 
 # ---------------------------------------------------------------------- unsupported by design
-_CONSOLE = ("Links to the hosted Tinker Console web UI; a self-hosted server has no console "
-            "(the URL is built on the client and never reaches the server).")
+_CONSOLE = (
+    "Links to the hosted Tinker Console web UI; a self-hosted server has no console "
+    "(the URL is built on the client and never reaches the server)."
+)
 _BILLING = "Billing and pricing belong to the hosted service; the server meters nothing."
-_EXTERNAL = ("Exports to an object store with signed download URLs. Every checkpoint here is "
-             "already a PEFT adapter directory on the server's disk "
-             "(`<data-dir>/runs/<run>/<kind>/<name>`), loadable with `peft` as is.")
+_EXTERNAL = (
+    "Exports to an object store with signed download URLs. Every checkpoint here is "
+    "already a PEFT adapter directory on the server's disk "
+    "(`<data-dir>/runs/<run>/<kind>/<name>`), loadable with `peft` as is."
+)
 
 UNSUPPORTED: dict[tuple[str, str], str] = {
     ("ServiceClient", "get_console_url"): _CONSOLE,
@@ -66,15 +70,19 @@ UNSUPPORTED: dict[tuple[str, str], str] = {
     ("TrainingClient", "save_weights_external"): _EXTERNAL,
     ("RestClient", "get_external_weights_urls"): _EXTERNAL,
     ("RestClient", "assign_session_project"): (
-        "Projects are not modelled: each API key owns its sessions, runs and checkpoints."),
+        "Projects are not modelled: each API key owns its sessions, runs and checkpoints."
+    ),
     ("RestClient", "export_session_trace"): (
-        "Perfetto timeline exports are built by the hosted service and served from signed URLs."),
+        "Perfetto timeline exports are built by the hosted service and served from signed URLs."
+    ),
     ("RestClient", "search_sessions"): (
         "Organization-wide search over projects, owners and statuses; `list_sessions` and "
-        "`get_session` cover a key's own sessions."),
+        "`get_session` cover a key's own sessions."
+    ),
     ("RestClient", "whoami"): (
         "Decodes identity claims from a JWT; the server authenticates plain API keys "
-        "(`pjwt_auth_enabled` is false), so there is no JWT to read."),
+        "(`pjwt_auth_enabled` is false), so there is no JWT to read."
+    ),
     ("RestClient", "get_audit_log"): "Organization audit logs (projects, teams) are not kept.",
     ("AdminClient", "get_audit_log"): "Organization audit logs (projects, teams) are not kept.",
     ("RestClient", "get_billing_usage"): _BILLING,
@@ -138,7 +146,7 @@ def max_diff(a: list[float], b: list[float]) -> float:
 
 
 def checkpoint(rest: tinker.RestClient, path: str) -> tinker.Checkpoint | None:
-    run_id = path[len("tinker://"):].split("/", 1)[0]
+    run_id = path[len("tinker://") :].split("/", 1)[0]
     for ckpt in rest.list_checkpoints(run_id).result().checkpoints:
         if ckpt.tinker_path == path:
             return ckpt
@@ -171,7 +179,8 @@ class Workspace:
 
     def new_training(self, seed: int = 0) -> tinker.TrainingClient:
         return self.svc.create_lora_training_client(
-            base_model=self.base_model, rank=RANK, seed=seed).result()
+            base_model=self.base_model, rank=RANK, seed=seed
+        ).result()
 
     def forward(self, tc: tinker.TrainingClient) -> list[float]:
         return logprobs_of(tc.forward([datum()], "cross_entropy").result())[0]
@@ -239,8 +248,10 @@ class Workspace:
         got = self.sampler_logprobs(sampler)
         diff = max_diff(got, self.trained_logprobs)
         expect(diff < CROSS_PATH, f"{what}: logprobs differ from the trained run's by {diff:.2e}")
-        expect(max_diff(got, self.base_logprobs) > CHANGED,
-               f"{what}: logprobs are the base model's, not the trained weights'")
+        expect(
+            max_diff(got, self.base_logprobs) > CHANGED,
+            f"{what}: logprobs are the base model's, not the trained weights'",
+        )
 
 
 # ---------------------------------------------------------------------------------- probes
@@ -262,8 +273,10 @@ def probe(client: str, *families: str) -> Callable[[Probe], Probe]:
 def _client_side_telemetry(ws: Workspace, call: Call, target: Any) -> str:
     value = call(target)
     expect(value is None or hasattr(value, "log"), f"unexpected telemetry object {value!r}")
-    return ("Client-side accessor: the SDK's telemetry object (None when TINKER_TELEMETRY=0); "
-            "the server accepts `/telemetry` batches.")
+    return (
+        "Client-side accessor: the SDK's telemetry object (None when TINKER_TELEMETRY=0); "
+        "the server accepts `/telemetry` batches."
+    )
 
 
 # ServiceClient ---------------------------------------------------------------------------
@@ -274,8 +287,10 @@ def _create_lora(ws: Workspace, call: Call) -> str:
     info = tc.get_info()
     expect(info.lora_rank == RANK, f"get_info lora_rank {info.lora_rank} != {RANK}")
     run = ws.rest.get_training_run(info.model_id).result()
-    expect(run.lora_rank == RANK and run.user_metadata == meta,
-           f"training run reports rank {run.lora_rank}, metadata {run.user_metadata}")
+    expect(
+        run.lora_rank == RANK and run.user_metadata == meta,
+        f"training run reports rank {run.lora_rank}, metadata {run.user_metadata}",
+    )
     return "New run reports the requested rank and user_metadata (get_info, get_training_run)."
 
 
@@ -285,8 +300,10 @@ def _service_sampler(ws: Workspace, call: Call) -> str:
     got = ws.sampler_logprobs(base)
     expect(max_diff(got, ws.base_logprobs) < CROSS_PATH, "base sampler disagrees with a forward")
     ws.expect_trained(call(ws.svc, model_path=ws.trained_sampler_path), "model_path sampler")
-    return ("`base_model=` samples the base model; `model_path=` serves the saved sampler weights "
-            "(prompt logprobs match the trained run's forward).")
+    return (
+        "`base_model=` samples the base model; `model_path=` serves the saved sampler weights "
+        "(prompt logprobs match the trained run's forward)."
+    )
 
 
 @probe("ServiceClient", "create_training_client_from_state")
@@ -306,8 +323,10 @@ def _from_state_with_optimizer(ws: Workspace, call: Call) -> str:
     ws.step(restored)
     diff = max_diff(ws.forward(restored), ws.two_step_logprobs)
     expect(diff < EXACT, f"the next step differs from an uninterrupted run's by {diff:.2e}")
-    return ("One more step from the restored run matches an uninterrupted run's second step "
-            "exactly (weights and AdamW moments restored).")
+    return (
+        "One more step from the restored run matches an uninterrupted run's second step "
+        "exactly (weights and AdamW moments restored)."
+    )
 
 
 @probe("ServiceClient", "get_server_capabilities")
@@ -339,22 +358,32 @@ def _custom_loss(ws: Workspace, call: Call) -> str:
     out = ws.scratch.forward_backward_custom([datum()], handle).result()
     expected = -sum(ws.base_logprobs)
     got = out.metrics.get("custom/neg_ll:sum")
-    expect(got is not None and abs(got - expected) < 1e-3 * max(1.0, abs(expected)),
-           f"custom metric {got} != {expected}")
-    return ("Traced loss runs client-side (`custom_loss_server_side` is off) through "
-            "forward_backward_custom; its metric equals the negative log-likelihood.")
+    expect(
+        got is not None and abs(got - expected) < 1e-3 * max(1.0, abs(expected)),
+        f"custom metric {got} != {expected}",
+    )
+    return (
+        "Traced loss runs client-side (`custom_loss_server_side` is off) through "
+        "forward_backward_custom; its metric equals the negative log-likelihood."
+    )
 
 
 @probe("ServiceClient", "close")
 def _close(ws: Workspace, call: Call) -> str:
     svc = tinker.ServiceClient(base_url=ws.url, api_key=ws.api_key)
-    run_id = svc.create_lora_training_client(base_model=ws.base_model, rank=RANK).result() \
-        .get_info().model_id
+    run_id = (
+        svc.create_lora_training_client(base_model=ws.base_model, rank=RANK)
+        .result()
+        .get_info()
+        .model_id
+    )
     expect(call(svc, "success") is None, "close answered something")
     session_id = run_id.split(":", 1)[0]
     sessions = ws.rest.list_sessions(limit=10_000).result().sessions
-    expect(any(run_id in ws.rest.get_session(s).result().training_run_ids for s in sessions),
-           f"the closed session {session_id} lost its run")
+    expect(
+        any(run_id in ws.rest.get_session(s).result().training_run_ids for s in sessions),
+        f"the closed session {session_id} lost its run",
+    )
     return "Finishes the session (`/sessions/{id}/finish`); its runs stay listed."
 
 
@@ -367,12 +396,15 @@ def _service_telemetry(ws: Workspace, call: Call) -> str:
 def _service_copy(ws: Workspace, call: Call) -> str:
     svc = tinker.ServiceClient(base_url=ws.url, api_key=ws.api_key, project_id="compat")
     copied = _check_copy(ws, ws.trained_state_path, call(svc, ws.trained_state_path))
-    diff = max_diff(ws.forward(ws.svc.create_training_client_from_state(copied).result()),
-                    ws.trained_logprobs)
+    diff = max_diff(
+        ws.forward(ws.svc.create_training_client_from_state(copied).result()), ws.trained_logprobs
+    )
     expect(diff < EXACT, f"a run restored from the copy differs by {diff:.2e}")
-    return ("Copies a state checkpoint within the server (projects are not modelled: "
-            "`project_id` is recorded on the copy's run); a run restored from the copy has "
-            "identical logprobs.")
+    return (
+        "Copies a state checkpoint within the server (projects are not modelled: "
+        "`project_id` is recorded on the copy's run); a run restored from the copy has "
+        "identical logprobs."
+    )
 
 
 def _check_copy(ws: Workspace, source: str, copied: str) -> str:
@@ -419,8 +451,10 @@ def _forward_backward_custom(ws: Workspace, call: Call) -> str:
     tc.optim_step(tinker.AdamParams(learning_rate=LEARNING_RATE)).result()
     diff = max_diff(ws.forward(tc), ws.trained_logprobs)
     expect(diff < 1e-4, f"a custom NLL step differs from a cross_entropy step by {diff:.2e}")
-    return ("A custom NLL gives the right metric, and the step it drives matches a built-in "
-            "cross_entropy step (gradients flow through the surrogate weights).")
+    return (
+        "A custom NLL gives the right metric, and the step it drives matches a built-in "
+        "cross_entropy step (gradients flow through the surrogate weights)."
+    )
 
 
 @probe("TrainingClient", "optim_step")
@@ -433,8 +467,10 @@ def _optim_step(ws: Workspace, call: Call) -> str:
     expect(max_diff(after, ws.base_logprobs) > CHANGED, "logprobs did not change after the step")
     expect(sum(after) > sum(ws.base_logprobs), "the step did not lower the loss on its batch")
     expect(max_diff(after, ws.trained_logprobs) < EXACT, "the same step is not reproducible")
-    return ("Subsequent logprobs change, the loss on the trained batch goes down, and the same "
-            "step from the same seed is reproducible.")
+    return (
+        "Subsequent logprobs change, the loss on the trained batch goes down, and the same "
+        "step from the same seed is reproducible."
+    )
 
 
 @probe("TrainingClient", "save_state")
@@ -446,8 +482,10 @@ def _save_state(ws: Workspace, call: Call) -> str:
     ckpt = checkpoint(ws.rest, path)
     expect(ckpt is not None, "list_checkpoints does not contain the saved path")
     expect(ckpt.checkpoint_type == "training", f"checkpoint_type {ckpt.checkpoint_type}")
-    expect(ckpt.expires_at is not None and ckpt.user_metadata == {"k": "v"},
-           "ttl_seconds / user_metadata were not recorded")
+    expect(
+        ckpt.expires_at is not None and ckpt.user_metadata == {"k": "v"},
+        "ttl_seconds / user_metadata were not recorded",
+    )
     return "Returns tinker://<run>/weights/<name>; list_checkpoints has it with TTL and metadata."
 
 
@@ -495,8 +533,10 @@ def _load_state_with_optimizer(ws: Workspace, call: Call) -> str:
     ws.step(tc)
     diff = max_diff(ws.forward(tc), ws.two_step_logprobs)
     expect(diff < EXACT, f"the next step differs from an uninterrupted run's by {diff:.2e}")
-    return ("One more step after loading matches an uninterrupted run's second step exactly "
-            "(weights and AdamW moments restored).")
+    return (
+        "One more step after loading matches an uninterrupted run's second step exactly "
+        "(weights and AdamW moments restored)."
+    )
 
 
 @probe("TrainingClient", "get_info")
@@ -534,19 +574,26 @@ def _sample(ws: Workspace, call: Call) -> str:
     expect(len(first.sequences) == 2, f"{len(first.sequences)} sequences for num_samples=2")
     for seq in first.sequences:
         expect(1 <= len(seq.tokens) <= 4, f"{len(seq.tokens)} tokens for max_tokens=4")
-        expect(seq.logprobs is not None and len(seq.logprobs) == len(seq.tokens),
-               "logprobs missing or of a different length than tokens")
+        expect(
+            seq.logprobs is not None and len(seq.logprobs) == len(seq.tokens),
+            "logprobs missing or of a different length than tokens",
+        )
         expect(all(math.isfinite(x) and x <= 0 for x in seq.logprobs), "logprobs not finite <= 0")
     again = call(ws.base_sampler, prompt, num_samples=2, sampling_params=params)
-    expect([s.tokens for s in again.sequences] == [s.tokens for s in first.sequences],
-           "the same seed gave different tokens")
+    expect(
+        [s.tokens for s in again.sequences] == [s.tokens for s in first.sequences],
+        "the same seed gave different tokens",
+    )
     seq = first.sequences[0]
     scored = ws.base_sampler.compute_logprobs(
-        tinker.ModelInput.from_ints(PROMPT + list(seq.tokens))).result()[len(PROMPT):]
+        tinker.ModelInput.from_ints(PROMPT + list(seq.tokens))
+    ).result()[len(PROMPT) :]
     diff = max_diff([float(x) for x in scored], [float(x) for x in seq.logprobs])
     expect(diff < CROSS_PATH, f"sampled logprobs differ from re-scored ones by {diff:.2e}")
-    return ("num_samples sequences, each <= max_tokens with one logprob per token; a seed "
-            "repeats; sampled logprobs equal the model's when re-scored.")
+    return (
+        "num_samples sequences, each <= max_tokens with one logprob per token; a seed "
+        "repeats; sampled logprobs equal the model's when re-scored."
+    )
 
 
 @probe("SamplingClient", "compute_logprobs")
@@ -594,8 +641,10 @@ def _sampler_handle(ws: Workspace, call: Call) -> str:
     sampler = ws.svc.create_sampling_client(model_path=ws.trained_sampler_path).result()
     if call.method == "get_sampler_handle":
         handle = call(sampler)
-        expect(ws.api_key not in base64.urlsafe_b64decode(handle).decode(),
-               "the handle carries the API key")
+        expect(
+            ws.api_key not in base64.urlsafe_b64decode(handle).decode(),
+            "the handle carries the API key",
+        )
         clone = tinker.SamplingClient.from_sampler_handle(handle, api_key=ws.api_key)
     else:
         clone = call(tinker.SamplingClient, sampler.get_sampler_handle(), api_key=ws.api_key)
@@ -608,8 +657,10 @@ def _queue_state(ws: Workspace, call: Call) -> str:
     with _captured("tinker") as records:
         call(ws.base_sampler, QueueState.PAUSED_CAPACITY, "compat check")
     expect(any("compat check" in r.getMessage() for r in records), "no paused-queue warning")
-    return ("Client-side hook fed by `queue_state` in long-poll answers; this server always "
-            "reports `active` (it queues instead of pausing). A paused state is logged.")
+    return (
+        "Client-side hook fed by `queue_state` in long-poll answers; this server always "
+        "reports `active` (it queues instead of pausing). A paused state is logged."
+    )
 
 
 @probe("SamplingClient", "get_telemetry")
@@ -637,8 +688,10 @@ def _captured(logger_name: str) -> Iterator[list[logging.LogRecord]]:
 @probe("RestClient", "get_server_capabilities")
 def _rest_capabilities(ws: Workspace, call: Call) -> str:
     model = call(ws.rest).supported_models[0]
-    expect(model.model_name == ws.base_model and model.trainable and model.sampleable,
-           f"capabilities report {model}")
+    expect(
+        model.model_name == ws.base_model and model.trainable and model.sampleable,
+        f"capabilities report {model}",
+    )
     return "The served model, trainable and sampleable, with its context length."
 
 
@@ -647,14 +700,21 @@ def _get_training_run(ws: Workspace, call: Call) -> str:
     state, sampler = ws.trained_state_path, ws.trained_sampler_path
     run_id = ws.trained.get_info().model_id
     run = call(ws.rest, run_id)
-    expect(run.training_run_id == run_id and run.lora_rank == RANK,
-           f"got id {run.training_run_id}, rank {run.lora_rank}")
+    expect(
+        run.training_run_id == run_id and run.lora_rank == RANK,
+        f"got id {run.training_run_id}, rank {run.lora_rank}",
+    )
     expect(run.base_model == ws.base_model and run.is_lora, "wrong base model or not LoRA")
-    expect(run.last_checkpoint is not None and run.last_checkpoint.tinker_path == state,
-           "last_checkpoint is not the run's state checkpoint")
-    expect(run.last_sampler_checkpoint is not None
-           and run.last_sampler_checkpoint.checkpoint_type == "sampler"
-           and checkpoint(ws.rest, sampler) is not None, "last_sampler_checkpoint missing")
+    expect(
+        run.last_checkpoint is not None and run.last_checkpoint.tinker_path == state,
+        "last_checkpoint is not the run's state checkpoint",
+    )
+    expect(
+        run.last_sampler_checkpoint is not None
+        and run.last_sampler_checkpoint.checkpoint_type == "sampler"
+        and checkpoint(ws.rest, sampler) is not None,
+        "last_sampler_checkpoint missing",
+    )
     return "Right id, rank and base model; last_checkpoint / last_sampler_checkpoint filled."
 
 
@@ -668,8 +728,10 @@ def _run_by_path(ws: Workspace, call: Call) -> str:
 @probe("RestClient", "get_weights_info_by_tinker_path")
 def _weights_info(ws: Workspace, call: Call) -> str:
     info = call(ws.rest, ws.trained_state_path)
-    expect(info.lora_rank == RANK and info.base_model == ws.base_model,
-           f"rank {info.lora_rank}, base {info.base_model}")
+    expect(
+        info.lora_rank == RANK and info.base_model == ws.base_model,
+        f"rank {info.lora_rank}, base {info.base_model}",
+    )
     return "Reports the checkpoint's LoRA rank and base model."
 
 
@@ -738,7 +800,7 @@ def _own_checkpoint(ws: Workspace, stem: str) -> str:
 @probe("RestClient", "delete_checkpoint", "delete_checkpoint_from_tinker_path")
 def _delete(ws: Workspace, call: Call) -> str:
     path = _own_checkpoint(ws, f"delete-{call.tag}")
-    run_id, kind, name = path[len("tinker://"):].split("/")
+    run_id, kind, name = path[len("tinker://") :].split("/")
     if family(call.method) == "delete_checkpoint":
         call(ws.rest, run_id, f"{kind}/{name}")
     else:
@@ -778,11 +840,14 @@ def _ttl(ws: Workspace, call: Call) -> str:
 
 @probe("RestClient", "copy_weights")
 def _rest_copy(ws: Workspace, call: Call) -> str:
-    copied = _check_copy(ws, ws.trained_sampler_path,
-                         call(ws.rest, ws.trained_sampler_path, "compat"))
+    copied = _check_copy(
+        ws, ws.trained_sampler_path, call(ws.rest, ws.trained_sampler_path, "compat")
+    )
     ws.expect_trained(ws.svc.create_sampling_client(model_path=copied).result(), "copied weights")
-    return ("Copies a sampler checkpoint into a new run of the caller's (projects are not "
-            "modelled); a sampler on the copy serves the same weights.")
+    return (
+        "Copies a sampler checkpoint into a new run of the caller's (projects are not "
+        "modelled); a sampler on the copy serves the same weights."
+    )
 
 
 @probe("RestClient", "get_telemetry")

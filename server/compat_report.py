@@ -97,8 +97,7 @@ def client_classes() -> dict[str, type]:
 def public_methods(cls: type) -> list[str]:
     """Public callable attributes, `*_async` variants included; properties are not methods."""
     return sorted(
-        name for name in dir(cls)
-        if not name.startswith("_") and callable(getattr(cls, name, None))
+        name for name in dir(cls) if not name.startswith("_") and callable(getattr(cls, name, None))
     )
 
 
@@ -163,8 +162,13 @@ def classify(ws: Workspace, client: str, cls: type, method: str, timeout: float)
         return Outcome(client, method, Status.UNSUPPORTED, reason, note)
     check = PROBES.get((client, family(method)))
     if check is None:
-        return Outcome(client, method, Status.FAILED, "no probe: a method this report does not "
-                       "know yet (new in the SDK?)", note)
+        return Outcome(
+            client,
+            method,
+            Status.FAILED,
+            "no probe: a method this report does not know yet (new in the SDK?)",
+            note,
+        )
     call = Call(method, timeout)
     started = time.perf_counter()
     with warnings.catch_warnings():
@@ -174,8 +178,9 @@ def classify(ws: Workspace, client: str, cls: type, method: str, timeout: float)
     if error is not None:
         message = " ".join(str(error).split())[:300] or type(error).__name__
         log.info("%s.%s failed: %s", client, method, message)
-        return Outcome(client, method, Status.FAILED, f"{type(error).__name__}: {message}", note,
-                       seconds)
+        return Outcome(
+            client, method, Status.FAILED, f"{type(error).__name__}: {message}", note, seconds
+        )
     return Outcome(client, method, Status.SUPPORTED, detail or "", note, seconds)
 
 
@@ -220,8 +225,11 @@ def render(report: Report) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m server.compat_report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m server.compat_report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", type=Path, required=True, help="Markdown file to write")
     parser.add_argument("--url", help="a running server; default: start one in-process")
     parser.add_argument("--api-key", help=f"default: $TINKER_API_KEY or {DEFAULT_API_KEY}")
@@ -238,9 +246,11 @@ def main(argv: list[str] | None = None) -> int:
             report = _report_in_process(args.model, api_key, args.timeout)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(render(report))
-    print(f"{args.out}: {report.count(Status.SUPPORTED)} supported, "
-          f"{report.count(Status.UNSUPPORTED)} unsupported by design, "
-          f"{report.count(Status.FAILED)} failed ({report.seconds:.0f} s)")
+    print(
+        f"{args.out}: {report.count(Status.SUPPORTED)} supported, "
+        f"{report.count(Status.UNSUPPORTED)} unsupported by design, "
+        f"{report.count(Status.FAILED)} failed ({report.seconds:.0f} s)"
+    )
     for o in report.outcomes:
         if o.status is Status.FAILED:
             print(f"  failed: {o.client}.{o.method}: {o.detail}")

@@ -158,8 +158,9 @@ class Engine:
         return RunState(adapter, self._optimizer(adapter))
 
     def _optimizer(self, adapter: AdapterWeights) -> torch.optim.AdamW:
-        return torch.optim.AdamW(adapter.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-12,
-                                 weight_decay=0.0)
+        return torch.optim.AdamW(
+            adapter.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0
+        )
 
     def restore_run(self, adapter: AdapterWeights, optimizer_state: dict | None) -> RunState:
         for tensor in adapter.parameters():
@@ -196,22 +197,27 @@ class Engine:
             targets = datum.inputs["target_tokens"]
             self._check_vocab(targets, f"data[{i}].target_tokens")
             if targets.ndim == 2 and job.loss_fn != "cross_entropy":
-                raise UserError(f"2-D target_tokens are only supported by cross_entropy")
+                raise UserError("2-D target_tokens are only supported by cross_entropy")
             if job.loss_fn == "cross_entropy":
                 weights = datum.inputs["weights"]
                 if weights.shape != targets.shape and weights.shape != targets.shape[:1]:
-                    raise UserError(f"data[{i}]: weights shape {weights.shape} does not match "
-                                    f"target_tokens shape {targets.shape}")
+                    raise UserError(
+                        f"data[{i}]: weights shape {weights.shape} does not match "
+                        f"target_tokens shape {targets.shape}"
+                    )
         del loss_fn
 
     def _check_vocab(self, tokens: np.ndarray, what: str) -> None:
         if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
             bad = int(tokens.max()) if tokens.max() >= self.vocab_size else int(tokens.min())
-            raise UserError(f"{what}: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+            raise UserError(
+                f"{what}: token id {bad} is outside the vocabulary [0, {self.vocab_size})"
+            )
 
     # ------------------------------------------------------------- training
-    def _head_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor,
-                       groups: list[RowGroup]) -> torch.Tensor:
+    def _head_logprobs(
+        self, hidden: torch.Tensor, targets: torch.Tensor, groups: list[RowGroup]
+    ) -> torch.Tensor:
         """log p(target) from final hidden states, through the (LoRA-routed) output head.
 
         `log_softmax` then `gather`: one fused pass each way over the vocabulary, where
@@ -224,8 +230,12 @@ class Engine:
         return torch.gather(torch.log_softmax(logits, dim=-1), -1, targets)
 
     def _target_logprobs(
-        self, tokens: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor,
-        groups: list[RowGroup], active: torch.Tensor | None,
+        self,
+        tokens: torch.Tensor,
+        mask: torch.Tensor,
+        targets: torch.Tensor,
+        groups: list[RowGroup],
+        active: torch.Tensor | None,
     ) -> torch.Tensor:
         """log p(target | prefix) for `[B, T, K]` targets.
 
@@ -239,17 +249,24 @@ class Engine:
             hidden = self._body(input_ids=tokens, attention_mask=mask, use_cache=False)
             hidden = hidden.last_hidden_state
         batch, width = tokens.shape
-        if (active is not None and torch.is_grad_enabled()
-                and int(active.sum()) * 2 > int(mask.sum())):
+        if (
+            active is not None
+            and torch.is_grad_enabled()
+            and int(active.sum()) * 2 > int(mask.sum())
+        ):
             # Most positions carry weight: one pass with gradients is cheaper than two.
             return self._head_logprobs(hidden, targets, groups)
         step = max(1, 2048 // max(1, batch))
         with torch.no_grad():
-            scored = torch.cat([
-                self._head_logprobs(hidden[:, t : t + step].detach(), targets[:, t : t + step],
-                                    groups)
-                for t in range(0, width, step)
-            ], dim=1)
+            scored = torch.cat(
+                [
+                    self._head_logprobs(
+                        hidden[:, t : t + step].detach(), targets[:, t : t + step], groups
+                    )
+                    for t in range(0, width, step)
+                ],
+                dim=1,
+            )
         if active is None or not torch.is_grad_enabled() or not active.any():
             return scored
         rows, cols = active.nonzero(as_tuple=True)  # row-major: each group's rows stay together
@@ -262,8 +279,9 @@ class Engine:
         return torch.index_put(scored, (rows, cols), picked)
 
     @staticmethod
-    def _active_positions(loss_fn: str, inputs: dict[str, torch.Tensor],
-                          real: torch.Tensor) -> torch.Tensor:
+    def _active_positions(
+        loss_fn: str, inputs: dict[str, torch.Tensor], real: torch.Tensor
+    ) -> torch.Tensor:
         """Positions whose loss term can be non-zero (so need gradients)."""
         if loss_fn == "cross_entropy":
             weights = inputs["weights"]
@@ -279,7 +297,9 @@ class Engine:
         so gradient accumulation gives each run exactly the gradient of its own loss sum.
         """
         started = time.perf_counter()
-        rows: list[tuple[int, int]] = [(j, i) for j, job in enumerate(jobs) for i in range(len(job.data))]
+        rows: list[tuple[int, int]] = [
+            (j, i) for j, job in enumerate(jobs) for i in range(len(job.data))
+        ]
         per_row_lp: dict[tuple[int, int], np.ndarray] = {}
         per_row_loss: dict[tuple[int, int], float] = {}
         for chunk in self._microbatches(jobs, rows):
@@ -324,7 +344,11 @@ class Engine:
         if len(two_d) > 1:
             # 1-D and 2-D targets cannot share one tensor; run them apart.
             for flag in sorted(two_d):
-                sub = [r for r in chunk if (jobs[r[0]].data[r[1]].inputs["target_tokens"].ndim == 2) == flag]
+                sub = [
+                    r
+                    for r in chunk
+                    if (jobs[r[0]].data[r[1]].inputs["target_tokens"].ndim == 2) == flag
+                ]
                 self._run_microbatch(jobs, sub, per_row_lp, per_row_loss)
             return
         targets = _pad([d.inputs["target_tokens"] for d in datums], width, 0, torch.long)
@@ -346,8 +370,9 @@ class Engine:
             names = {name for _, i in members for name in job.data[i].inputs}
             names.discard("target_tokens")
             padded[j] = {
-                name: _pad([job.data[i].inputs[name] for _, i in members], width, 0,
-                           torch.float32).to(self.device)
+                name: _pad(
+                    [job.data[i].inputs[name] for _, i in members], width, 0, torch.float32
+                ).to(self.device)
                 for name in names
             }
             if not job.forward_only:
@@ -359,7 +384,9 @@ class Engine:
             total = torch.zeros((), device=self.device)
             for j, a, b in spans:
                 job, members = jobs[j], chunk[a:b]
-                row_losses = losses.resolve(job.loss_fn)(target_lp[a:b], padded[j], job.loss_fn_config)
+                row_losses = losses.resolve(job.loss_fn)(
+                    target_lp[a:b], padded[j], job.loss_fn_config
+                )
                 if not job.forward_only:
                     total = total + row_losses.sum()
                 for k, (_, i) in enumerate(members):
@@ -439,13 +466,17 @@ class Engine:
         results = [SampleResult(sequences=[]) for _ in jobs]
         for job, result in zip(jobs, results):
             if job.prompt_logprobs or job.topk_prompt_logprobs:
-                values, top = self.prompt_logprobs(job.adapter, job.prompt, job.topk_prompt_logprobs)
+                values, top = self.prompt_logprobs(
+                    job.adapter, job.prompt, job.topk_prompt_logprobs
+                )
                 result.prompt_logprobs = values if job.prompt_logprobs else None
                 result.topk_prompt = top
         decoding = [(j, job) for j, job in enumerate(jobs) if self._max_new(job) > 0]
         for j, job in enumerate(jobs):
             if self._max_new(job) == 0:
-                results[j].sequences = [SampledSequence([], [], False) for _ in range(job.num_samples)]
+                results[j].sequences = [
+                    SampledSequence([], [], False) for _ in range(job.num_samples)
+                ]
         if decoding:
             sequences = self._decode([job for _, job in decoding])
             for (j, _), seqs in zip(decoding, sequences):
@@ -484,13 +515,20 @@ class Engine:
         done = [False] * rows
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         with routing(groups):
-            out = self.model(input_ids=tokens, attention_mask=mask, position_ids=positions,
-                             use_cache=True, logits_to_keep=1)
+            out = self.model(
+                input_ids=tokens,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+            )
             cache = _cache_of(out)
             logits = out.logits[:, -1].float()
             step = 0
             while True:
-                next_tokens = self._choose(jobs, owners, logits, generators, out_tokens, out_lps, done)
+                next_tokens = self._choose(
+                    jobs, owners, logits, generators, out_tokens, out_lps, done
+                )
                 for r in range(rows):
                     if done[r]:
                         continue
@@ -502,10 +540,17 @@ class Engine:
                 step += 1
                 if all(done):
                     break
-                mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype, device=self.device)], 1)
+                mask = torch.cat(
+                    [mask, torch.ones((rows, 1), dtype=mask.dtype, device=self.device)], 1
+                )
                 positions = positions[:, -1:] + 1
-                out = self.model(input_ids=next_tokens[:, None], attention_mask=mask,
-                                 position_ids=positions, use_cache=True, **{self._cache_kw: cache})
+                out = self.model(
+                    input_ids=next_tokens[:, None],
+                    attention_mask=mask,
+                    position_ids=positions,
+                    use_cache=True,
+                    **{self._cache_kw: cache},
+                )
                 cache = _cache_of(out)
                 logits = out.logits[:, -1].float()
         self.stats.sample_tokens += sum(len(t) for t in out_tokens)
@@ -547,7 +592,9 @@ class Engine:
                     cum = torch.softmax(sorted_logits, -1).cumsum(-1)
                     drop = cum - torch.softmax(sorted_logits, -1) > p.top_p
                     sorted_logits = sorted_logits.masked_fill(drop, -math.inf)
-                    filtered = torch.full_like(filtered, -math.inf).scatter(-1, order, sorted_logits)
+                    filtered = torch.full_like(filtered, -math.inf).scatter(
+                        -1, order, sorted_logits
+                    )
                 probs = torch.softmax(filtered, -1)
                 picks = torch.multinomial(probs, 1, generator=generators[j])[:, 0]
             picked_lp = torch.gather(logp, -1, picks[:, None])[:, 0]

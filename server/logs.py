@@ -37,7 +37,8 @@ class KeyValueFormatter(logging.Formatter):
 def configure(json_lines: bool = False, level: int = logging.INFO) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(
-        JsonFormatter() if json_lines
+        JsonFormatter()
+        if json_lines
         else KeyValueFormatter("%(asctime)s %(levelname)s %(name)s %(message)s")
     )
     root = logging.getLogger()

@@ -174,7 +174,7 @@ def new_adapter(
     device: torch.device,
     dtype: torch.dtype = torch.float32,
 ) -> AdapterWeights:
-    """A fresh adapter: A Kaiming-uniform from `seed` (as PEFT does), B zero, so it starts as a no-op."""
+    """A fresh adapter: A Kaiming-uniform from `seed` (as PEFT does), B zero: starts as a no-op."""
     generator = torch.Generator().manual_seed(seed)
     suffixes = spec.module_suffixes()
     adapter = AdapterWeights(spec)

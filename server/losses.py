@@ -99,4 +99,6 @@ def resolve(loss_fn: str) -> LossFn:
         return LOSSES[loss_fn]
     except KeyError:
         supported = ", ".join(sorted(LOSSES))
-        raise LossError(f"unsupported loss_fn {loss_fn!r}; this server supports: {supported}") from None
+        raise LossError(
+            f"unsupported loss_fn {loss_fn!r}; this server supports: {supported}"
+        ) from None

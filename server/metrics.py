@@ -57,30 +57,55 @@ class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.queue_depth = Gauge("autoresearch_queue_depth", "Requests waiting, per training run",
-                                 ["run_id"], registry=r)
-        self.sampling_queue = Gauge("autoresearch_sampling_queue_depth",
-                                    "Sample requests waiting", registry=r)
-        self.batch_rows = Histogram("autoresearch_batch_rows", "Rows per engine batch", ["kind"],
-                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
-        self.batch_runs = Histogram("autoresearch_batch_runs", "Distinct runs fused per batch",
-                                    ["kind"], buckets=(1, 2, 3, 4, 6, 8, 16, 32), registry=r)
+        self.queue_depth = Gauge(
+            "autoresearch_queue_depth", "Requests waiting, per training run", ["run_id"], registry=r
+        )
+        self.sampling_queue = Gauge(
+            "autoresearch_sampling_queue_depth", "Sample requests waiting", registry=r
+        )
+        self.batch_rows = Histogram(
+            "autoresearch_batch_rows",
+            "Rows per engine batch",
+            ["kind"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+            registry=r,
+        )
+        self.batch_runs = Histogram(
+            "autoresearch_batch_runs",
+            "Distinct runs fused per batch",
+            ["kind"],
+            buckets=(1, 2, 3, 4, 6, 8, 16, 32),
+            registry=r,
+        )
         self.tokens = Counter("autoresearch_tokens", "Tokens processed", ["kind"], registry=r)
-        self.tokens_per_second = Gauge("autoresearch_tokens_per_second",
-                                       "Tokens per second over the last minute", ["kind"],
-                                       registry=r)
-        self.duty_cycle = Gauge("autoresearch_engine_duty_cycle",
-                                "Fraction of wall time the engine computed (last minute)",
-                                registry=r)
-        self.resident_adapters = Gauge("autoresearch_resident_adapters",
-                                       "Training runs whose adapter is in device memory",
-                                       registry=r)
-        self.evictions = Counter("autoresearch_evictions", "Runs evicted from device memory",
-                                 registry=r)
-        self.requests = Counter("autoresearch_requests", "Completed requests", ["kind", "outcome"],
-                                registry=r)
-        self.rejections = Counter("autoresearch_backpressure_rejections",
-                                  "Requests refused with 429 by quota", ["reason"], registry=r)
+        self.tokens_per_second = Gauge(
+            "autoresearch_tokens_per_second",
+            "Tokens per second over the last minute",
+            ["kind"],
+            registry=r,
+        )
+        self.duty_cycle = Gauge(
+            "autoresearch_engine_duty_cycle",
+            "Fraction of wall time the engine computed (last minute)",
+            registry=r,
+        )
+        self.resident_adapters = Gauge(
+            "autoresearch_resident_adapters",
+            "Training runs whose adapter is in device memory",
+            registry=r,
+        )
+        self.evictions = Counter(
+            "autoresearch_evictions", "Runs evicted from device memory", registry=r
+        )
+        self.requests = Counter(
+            "autoresearch_requests", "Completed requests", ["kind", "outcome"], registry=r
+        )
+        self.rejections = Counter(
+            "autoresearch_backpressure_rejections",
+            "Requests refused with 429 by quota",
+            ["reason"],
+            registry=r,
+        )
         # Labelled series exist only once touched: create the known ones at zero, so a scrape
         # (and a rate() over it) sees every documented series before the first event.
         for reason in ("max_runs", "queued_tokens"):
@@ -89,7 +114,8 @@ class ServerMetrics:
             self.tokens.labels(kind)
         self.duty = DutyCycle()
         self._token_events: dict[str, collections.deque[tuple[float, int]]] = {
-            "train": collections.deque(), "sample": collections.deque()
+            "train": collections.deque(),
+            "sample": collections.deque(),
         }
 
     def record_tokens(self, kind: str, count: int) -> None:

@@ -115,7 +115,9 @@ def convert_embedded_gguf(target: Path) -> Path:
     try:
         plain.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        (staging / "SOURCE").write_text(f"{packaged.MODEL_NAME} sha256={packaged.EXPECTED_SHA256}\n")
+        (staging / "SOURCE").write_text(
+            f"{packaged.MODEL_NAME} sha256={packaged.EXPECTED_SHA256}\n"
+        )
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)

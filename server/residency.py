@@ -35,8 +35,14 @@ class Resident(Protocol):
 
 
 class Residency:
-    def __init__(self, engine: Engine, spill_dir: Path, metrics: ServerMetrics,
-                 max_resident: int | None = None, idle_seconds: float | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        spill_dir: Path,
+        metrics: ServerMetrics,
+        max_resident: int | None = None,
+        idle_seconds: float | None = None,
+    ):
         self.engine = engine
         self.spill_dir = spill_dir
         self.metrics = metrics

@@ -20,7 +20,12 @@ from server.auth import KeyRing
 from server.checkpoints import CheckpointStore
 from server.engine import Engine
 from server.futures import FutureStore
-from server.model_loading import default_cache_dir, embedded_cache_path, is_embedded, load_base_model
+from server.model_loading import (
+    default_cache_dir,
+    embedded_cache_path,
+    is_embedded,
+    load_base_model,
+)
 from server.service import Limits, TrainingService
 
 log = logging.getLogger(__name__)
@@ -67,8 +72,14 @@ def build_service(config: ServerConfig) -> tuple[TrainingService, KeyRing]:
         # Clients on this machine can load the tokenizer straight from the converted cache.
         tokenizer_id = str(embedded_cache_path())
     store = CheckpointStore(config.data_dir)
-    service = TrainingService(engine, store, FutureStore(), fuse=config.fuse,
-                              tokenizer_id=tokenizer_id, limits=config.limits)
+    service = TrainingService(
+        engine,
+        store,
+        FutureStore(),
+        fuse=config.fuse,
+        tokenizer_id=tokenizer_id,
+        limits=config.limits,
+    )
     return service, keys
 
 
@@ -94,8 +105,9 @@ class ServerThread:
         self.config = config
         self.app = build_app(config)
         self._server = uvicorn.Server(
-            uvicorn.Config(self.app, host=config.host, port=config.port, log_level="warning",
-                           lifespan="off")
+            uvicorn.Config(
+                self.app, host=config.host, port=config.port, log_level="warning", lifespan="off"
+            )
         )
         self._thread = threading.Thread(target=self._run, name="http", daemon=True)
 

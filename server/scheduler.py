@@ -61,9 +61,16 @@ class RunGone(LookupError):
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, fuse: bool = True, max_sample_rows: int = 64,
-                 max_fused_rows: int = 256, metrics: ServerMetrics | None = None,
-                 maintenance_seconds: float = 1.0, max_fused_runs: int | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        fuse: bool = True,
+        max_sample_rows: int = 64,
+        max_fused_rows: int = 256,
+        metrics: ServerMetrics | None = None,
+        maintenance_seconds: float = 1.0,
+        max_fused_runs: int | None = None,
+    ):
         self.engine = engine
         self.fuse = fuse
         self.metrics = metrics or ServerMetrics()
@@ -201,8 +208,9 @@ class Scheduler:
             return None
         if want_sampling:
             batch, rows = [], 0
-            while self._samples and (not batch or rows + self._samples[0].sample.num_samples
-                                     <= self.max_sample_rows):
+            while self._samples and (
+                not batch or rows + self._samples[0].sample.num_samples <= self.max_sample_rows
+            ):
                 work = self._samples.popleft()
                 self._dequeued(work)
                 rows += work.sample.num_samples
@@ -247,8 +255,11 @@ class Scheduler:
         rows = sum(w.sample.num_samples for w in self._samples)
         quiet = now - self._samples[-1].enqueued
         waited = now - self._samples[0].enqueued
-        if (rows < self.max_sample_rows and quiet < self.sample_quiet_seconds
-                and waited < self.sample_gather_seconds):
+        if (
+            rows < self.max_sample_rows
+            and quiet < self.sample_quiet_seconds
+            and waited < self.sample_gather_seconds
+        ):
             self._wake_in = self.sample_quiet_seconds - quiet
             return True
         return False
@@ -328,8 +339,9 @@ class Scheduler:
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to its callers
             if len(batch) > 1 and kind in ("train", "sample"):
                 # A fused batch failed: retry each alone so one bad request cannot fail others.
-                log.warning("fused %s batch of %d failed (%s); retrying one by one", kind,
-                            len(batch), exc)
+                log.warning(
+                    "fused %s batch of %d failed (%s); retrying one by one", kind, len(batch), exc
+                )
                 for work in batch:
                     self._execute(kind, [work])
                 return

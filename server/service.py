@@ -108,18 +108,30 @@ def _str_metadata(meta: dict[str, Any] | None) -> dict[str, str] | None:
 
 
 class TrainingService:
-    def __init__(self, engine: Engine, store: CheckpointStore, futures: FutureStore,
-                 fuse: bool = True, tokenizer_id: str | None = None,
-                 limits: Limits | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        store: CheckpointStore,
+        futures: FutureStore,
+        fuse: bool = True,
+        tokenizer_id: str | None = None,
+        limits: Limits | None = None,
+    ):
         self.engine = engine
         self.store = store
         self.futures = futures
         self.limits = limits or Limits()
         self.metrics = ServerMetrics()
-        self.residency = Residency(engine, store.root / ".spill", self.metrics,
-                                   self.limits.max_resident_runs, self.limits.idle_evict_seconds)
-        self.scheduler = Scheduler(engine, fuse=fuse, metrics=self.metrics,
-                                   max_fused_runs=self.limits.max_resident_runs)
+        self.residency = Residency(
+            engine,
+            store.root / ".spill",
+            self.metrics,
+            self.limits.max_resident_runs,
+            self.limits.idle_evict_seconds,
+        )
+        self.scheduler = Scheduler(
+            engine, fuse=fuse, metrics=self.metrics, max_fused_runs=self.limits.max_resident_runs
+        )
         self.scheduler.on_idle = self._maintain
         self.scheduler.before_batch = self._prepare_batch
         self.base_model = engine.model_name
@@ -149,18 +161,24 @@ class TrainingService:
         limit = self.limits.max_runs_per_key
         if limit is not None and sum(r.owner == owner for r in self.runs.values()) >= limit:
             self.metrics.rejections.labels("max_runs").inc()
-            raise QuotaExceeded(f"this key already has {limit} training runs (the limit); "
-                                "delete one to create another")
+            raise QuotaExceeded(
+                f"this key already has {limit} training runs (the limit); "
+                "delete one to create another"
+            )
 
     def _check_backlog(self, owner: str, tokens: int) -> None:
         limit = self.limits.max_queued_tokens_per_key
         if limit is not None and self.scheduler.queued_tokens(owner) + tokens > limit:
             if self.scheduler.queued_tokens(owner) == 0:
-                raise UserError(f"one request of {tokens} tokens exceeds this key's queue limit "
-                                f"of {limit} tokens")
+                raise UserError(
+                    f"one request of {tokens} tokens exceeds this key's queue limit "
+                    f"of {limit} tokens"
+                )
             self.metrics.rejections.labels("queued_tokens").inc()
-            raise Backpressure(f"this key has {self.scheduler.queued_tokens(owner)} tokens queued "
-                               f"(limit {limit}); retry shortly")
+            raise Backpressure(
+                f"this key has {self.scheduler.queued_tokens(owner)} tokens queued "
+                f"(limit {limit}); retry shortly"
+            )
 
     def _maintain(self) -> None:
         busy = {rid for rid, depth in self.scheduler.queue_depths().items() if depth}
@@ -198,16 +216,26 @@ class TrainingService:
         """A scheduler callback that resolves `record` from a result or an error."""
 
         def done(result: object | None, error: BaseException | None) -> None:
-            fields = {"request_id": record.request_id, "run_id": record.run_id,
-                      "kind": record.kind, "seconds": round(time.monotonic() - record.created, 4)}
+            fields = {
+                "request_id": record.request_id,
+                "run_id": record.run_id,
+                "kind": record.kind,
+                "seconds": round(time.monotonic() - record.created, 4),
+            }
             if error is not None:
                 category = "user" if isinstance(error, USER_ERRORS) else "server"
                 if category == "server":
-                    log.error("request failed", exc_info=error,
-                              extra={**fields, "outcome": "error", "category": category})
+                    log.error(
+                        "request failed",
+                        exc_info=error,
+                        extra={**fields, "outcome": "error", "category": category},
+                    )
                 else:
-                    log.info("request rejected: %s", error,
-                             extra={**fields, "outcome": "error", "category": category})
+                    log.info(
+                        "request rejected: %s",
+                        error,
+                        extra={**fields, "outcome": "error", "category": category},
+                    )
                 self.metrics.requests.labels(record.kind, "error").inc()
                 self.futures.fail(record, str(error) or type(error).__name__, category)
                 return
@@ -224,7 +252,9 @@ class TrainingService:
 
         return done
 
-    def _ordered(self, owner: str, run: Run, seq_id: int | None, kind: str, make_work) -> FutureRecord:
+    def _ordered(
+        self, owner: str, run: Run, seq_id: int | None, kind: str, make_work
+    ) -> FutureRecord:
         """Queue work on a run's ordered stream, answering duplicates with the first future."""
         if seq_id is not None:
             existing = self._dedup.get((run.run_id, seq_id))
@@ -296,23 +326,29 @@ class TrainingService:
         return record
 
     def _persist_run(self, run: Run) -> None:
-        self.store.write_run(run.run_id, {
-            "owner": run.owner,
-            "base_model": run.base_model,
-            "lora_rank": run.spec.rank,
-            "train_attn": run.spec.train_attn,
-            "train_mlp": run.spec.train_mlp,
-            "train_unembed": run.spec.train_unembed,
-            "user_metadata": _str_metadata(run.user_metadata),
-            "created": now_iso(),
-        })
+        self.store.write_run(
+            run.run_id,
+            {
+                "owner": run.owner,
+                "base_model": run.base_model,
+                "lora_rank": run.spec.rank,
+                "train_attn": run.spec.train_attn,
+                "train_mlp": run.spec.train_mlp,
+                "train_unembed": run.spec.train_unembed,
+                "user_metadata": _str_metadata(run.user_metadata),
+                "created": now_iso(),
+            },
+        )
 
     def get_info(self, owner: str, model_id: str) -> dict[str, Any]:
         run = self._run(owner, model_id)
         return {
             "model_id": run.run_id,
-            "model_data": {"arch": self.engine.model.config.model_type,
-                           "model_name": run.base_model, "tokenizer_id": self.tokenizer_id},
+            "model_data": {
+                "arch": self.engine.model.config.model_type,
+                "model_name": run.base_model,
+                "tokenizer_id": self.tokenizer_id,
+            },
             "is_lora": True,
             "lora_rank": run.spec.rank,
             "model_name": run.base_model,
@@ -325,8 +361,13 @@ class TrainingService:
 
     def forward_backward(self, owner: str, call: ForwardBackwardCall) -> FutureRecord:
         run = self._run(owner, call.model_id)
-        job = ForwardBackwardJob(None, call.data, call.loss_fn, call.loss_fn_config,  # type: ignore[arg-type]
-                                 call.forward_only)
+        job = ForwardBackwardJob(
+            None,
+            call.data,
+            call.loss_fn,
+            call.loss_fn_config,  # type: ignore[arg-type]
+            call.forward_only,
+        )
         try:
             self.engine.validate(job)
             invalid = None
@@ -342,8 +383,10 @@ class TrainingService:
         def make(record: FutureRecord) -> Work:
             done = self._complete(record, to_proto=_encode_fb)
             if invalid is not None:
+
                 def reject() -> None:
                     raise invalid
+
                 return Work(run.run_id, kind, done, action=reject, owner=owner)
             return Work(run.run_id, kind, done, job=job, tokens=tokens, owner=owner)
 
@@ -358,15 +401,22 @@ class TrainingService:
         raw = body.get("adam_params") or body.get("optim_params") or {}
         if body.get("optimizer_params") and not raw:
             raise UserError("only AdamW is supported (optimizer_params type 'adamw' / adam_params)")
-        params = AdamParams(**{k: float(v) for k, v in raw.items() if k in AdamParams.__dataclass_fields__})
+        params = AdamParams(
+            **{k: float(v) for k, v in raw.items() if k in AdamParams.__dataclass_fields__}
+        )
         if params.learning_rate < 0 or not 0 <= params.beta1 < 1 or not 0 <= params.beta2 < 1:
             raise UserError(f"invalid Adam parameters {raw}")
 
         def step() -> dict[str, Any]:
             return {"metrics": self.engine.optim_step(self._require_state(run), params)}
 
-        return self._ordered(owner, run, body.get("seq_id"), "optim_step",
-                             lambda rec: Work(run.run_id, "optim_step", self._complete(rec), action=step))
+        return self._ordered(
+            owner,
+            run,
+            body.get("seq_id"),
+            "optim_step",
+            lambda rec: Work(run.run_id, "optim_step", self._complete(rec), action=step),
+        )
 
     def _ttl_meta(self, body: dict[str, Any]) -> dict[str, Any]:
         meta: dict[str, Any] = {"user_metadata": _str_metadata(body.get("user_metadata"))}
@@ -386,12 +436,23 @@ class TrainingService:
 
         def save() -> dict[str, Any]:
             state = self._require_state(run)
-            self.store.save(path, state.adapter, run.base_model, state.optimizer.state_dict(),
-                            meta, overwrite=overwrite)
+            self.store.save(
+                path,
+                state.adapter,
+                run.base_model,
+                state.optimizer.state_dict(),
+                meta,
+                overwrite=overwrite,
+            )
             return {"path": str(path), "type": "save_weights"}
 
-        return self._ordered(owner, run, body.get("seq_id"), "save_weights",
-                             lambda rec: Work(run.run_id, "save_weights", self._complete(rec), action=save))
+        return self._ordered(
+            owner,
+            run,
+            body.get("seq_id"),
+            "save_weights",
+            lambda rec: Work(run.run_id, "save_weights", self._complete(rec), action=save),
+        )
 
     def save_weights_for_sampler(self, owner: str, body: dict[str, Any]) -> FutureRecord:
         run = self._run(owner, body["model_id"])
@@ -415,14 +476,21 @@ class TrainingService:
                 answer["path"] = str(path)
             if session_seq is not None:
                 sampler_id = f"{session_id}:sample:{int(session_seq)}"
-                self._register_sampler(Sampler(sampler_id, owner, run.base_model,
-                                               str(path) if path else None, snapshot))
+                self._register_sampler(
+                    Sampler(
+                        sampler_id, owner, run.base_model, str(path) if path else None, snapshot
+                    )
+                )
                 answer["sampling_session_id"] = sampler_id
             return answer
 
-        return self._ordered(owner, run, body.get("seq_id"), "save_weights_for_sampler",
-                             lambda rec: Work(run.run_id, "save_for_sampler", self._complete(rec),
-                                              action=save))
+        return self._ordered(
+            owner,
+            run,
+            body.get("seq_id"),
+            "save_weights_for_sampler",
+            lambda rec: Work(run.run_id, "save_for_sampler", self._complete(rec), action=save),
+        )
 
     def _register_sampler(self, sampler: Sampler) -> None:
         with self._lock:
@@ -449,11 +517,17 @@ class TrainingService:
             self.residency.adopt(run)
             return {"path": str(path), "model_id": run.run_id, "type": "load_weights"}
 
-        return self._ordered(owner, run, body.get("seq_id"), "load_weights",
-                             lambda rec: Work(run.run_id, "load_weights", self._complete(rec), action=load))
+        return self._ordered(
+            owner,
+            run,
+            body.get("seq_id"),
+            "load_weights",
+            lambda rec: Work(run.run_id, "load_weights", self._complete(rec), action=load),
+        )
 
-    def _load_as_new_run(self, owner: str, body: dict[str, Any], path: TinkerPath,
-                         with_optimizer: bool) -> FutureRecord:
+    def _load_as_new_run(
+        self, owner: str, body: dict[str, Any], path: TinkerPath, with_optimizer: bool
+    ) -> FutureRecord:
         session = self._session(owner, body["session_id"])
         self._check_base_model(body.get("base_model"))
         self._check_run_quota(owner)
@@ -476,8 +550,9 @@ class TrainingService:
             return {"path": str(path), "model_id": run_id, "type": "load_weights"}
 
         record = self.futures.create(owner, "load_weights")
-        self.scheduler.submit_control(Work(run_id, "load_weights", self._complete(record), action=load,
-                                           owner=owner))
+        self.scheduler.submit_control(
+            Work(run_id, "load_weights", self._complete(record), action=load, owner=owner)
+        )
         return record
 
     # ---------------------------------------------------------- sampling
@@ -539,16 +614,27 @@ class TrainingService:
             stop=stop,
         )
         num = int(body.get("num_samples", 1))
-        job = SampleJob(adapter, tokens, num, params,
-                        prompt_logprobs=bool(body.get("prompt_logprobs")),
-                        topk_prompt_logprobs=int(body.get("topk_prompt_logprobs") or 0))
+        job = SampleJob(
+            adapter,
+            tokens,
+            num,
+            params,
+            prompt_logprobs=bool(body.get("prompt_logprobs")),
+            topk_prompt_logprobs=int(body.get("topk_prompt_logprobs") or 0),
+        )
         self.engine.validate_sample(job)
         self._check_backlog(owner, (len(tokens) + Engine._max_new(job)) * num)
         record = self.futures.create(owner, "sample")
         ids = [f"{record.request_id}:{i}" for i in range(num)]
         self.scheduler.submit_sample(
-            Work(None, "sample", self._complete(record, to_proto=encode_sample_response), sample=job,
-                 tokens=(len(tokens) + Engine._max_new(job)) * num, owner=owner)
+            Work(
+                None,
+                "sample",
+                self._complete(record, to_proto=encode_sample_response),
+                sample=job,
+                tokens=(len(tokens) + Engine._max_new(job)) * num,
+                owner=owner,
+            )
         )
         return record, ids
 
@@ -557,9 +643,19 @@ class TrainingService:
         meta = self.store.read_run(run_id)
         run = self.runs.get(run_id)
         if run is not None and run.owner == owner:
-            base, rank, user_meta, last = run.base_model, run.spec.rank, run.user_metadata, run.last_request
+            base, rank, user_meta, last = (
+                run.base_model,
+                run.spec.rank,
+                run.user_metadata,
+                run.last_request,
+            )
         elif meta is not None and meta.get("owner") == owner:
-            base, rank, user_meta, last = meta["base_model"], meta["lora_rank"], meta.get("user_metadata"), meta["created"]
+            base, rank, user_meta, last = (
+                meta["base_model"],
+                meta["lora_rank"],
+                meta.get("user_metadata"),
+                meta["created"],
+            )
         else:
             raise NotFound(f"unknown training run {run_id!r}")
         checkpoints = self.store.list(run_id) if meta is not None else []
@@ -596,7 +692,10 @@ class TrainingService:
 
     def list_checkpoints(self, owner: str, run_id: str) -> dict[str, Any]:
         self.training_run(owner, run_id)  # ownership check
-        return {"checkpoints": [_public_checkpoint(c) for c in self.store.list(run_id)], "cursor": None}
+        return {
+            "checkpoints": [_public_checkpoint(c) for c in self.store.list(run_id)],
+            "cursor": None,
+        }
 
     def list_user_checkpoints(self, owner: str, limit: int, offset: int) -> dict[str, Any]:
         every = [c for rid in self.owned_run_ids(owner) for c in self.store.list(rid)]
@@ -664,10 +763,18 @@ class TrainingService:
         adapter, opt_state, meta = self.store.load(source, self.engine.device, with_optimizer)
         source_run = self.store.read_run(source.run_id) or {}
         base_model = source_run.get("base_model", self.base_model)
-        self.store.write_run(run_id, {**source_run, "owner": owner, "base_model": base_model,
-                                      "lora_rank": adapter.spec.rank, "created": now_iso(),
-                                      "copied_from": str(source),
-                                      "project_id": body.get("destination_project_id")})
+        self.store.write_run(
+            run_id,
+            {
+                **source_run,
+                "owner": owner,
+                "base_model": base_model,
+                "lora_rank": adapter.spec.rank,
+                "created": now_iso(),
+                "copied_from": str(source),
+                "project_id": body.get("destination_project_id"),
+            },
+        )
         target = TinkerPath(run_id, source.kind, source.name)
         ttl = {"ttl_seconds": body.get("ttl_seconds"), "user_metadata": meta.get("user_metadata")}
         self.store.save(target, adapter, base_model, opt_state, self._ttl_meta(ttl))
@@ -694,8 +801,9 @@ class TrainingService:
         def free() -> None:
             self.residency.forget(run)
 
-        self.scheduler.submit_control(Work(run_id, "delete_run", lambda *_: None, action=free,
-                                           owner=owner))
+        self.scheduler.submit_control(
+            Work(run_id, "delete_run", lambda *_: None, action=free, owner=owner)
+        )
 
 
 class _LazyState:
@@ -717,6 +825,14 @@ def _encode_fb(result: ForwardBackwardResult) -> bytes:
 def _public_checkpoint(record: dict[str, Any] | None) -> dict[str, Any] | None:
     if record is None:
         return None
-    keys = ("checkpoint_id", "checkpoint_type", "time", "tinker_path", "size_bytes", "public",
-            "user_metadata", "expires_at")
+    keys = (
+        "checkpoint_id",
+        "checkpoint_type",
+        "time",
+        "tinker_path",
+        "size_bytes",
+        "public",
+        "user_metadata",
+        "expires_at",
+    )
     return {k: record.get(k) for k in keys if record.get(k) is not None or k == "public"}

@@ -5,10 +5,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from sqltasks import BLUEPRINTS, TIERS, load_corpus
-from sqltasks.generate import corpus_path, generate, read
 
 from rewards import RewardPool
+from sqltasks import BLUEPRINTS, TIERS, load_corpus
+from sqltasks.generate import corpus_path, generate, read
 
 REPO = Path(__file__).resolve().parents[2]
 

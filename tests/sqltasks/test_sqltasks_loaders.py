@@ -5,6 +5,7 @@ import sqlite3
 
 import duckdb
 import pytest
+
 from sqltasks import LoadReport, classify_tier, load_bird, load_gretel, load_spider
 
 ROWS = [(1, "Alice", "NL", 34, 3.5), (2, "Bob", "NL", 27, 1.25), (3, "Carl", "FR", 41, 2.0)]

@@ -1,8 +1,7 @@
 """Prompts are compact, dialect-explicit, and a base model's continuation extracts cleanly."""
 
-from sqltasks import load_corpus, render_prompt, schema_lines
-
 from rewards import Task, extract_sql
+from sqltasks import load_corpus, render_prompt, schema_lines
 
 SETUP = (
     "CREATE TABLE shops (id INTEGER PRIMARY KEY, name VARCHAR);\n"
