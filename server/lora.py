@@ -144,8 +144,10 @@ class MultiLoRALinear(nn.Module):
                 continue
             rows = x[group.start : group.stop].to(a.dtype)
             delta = (((rows @ a.T) * adapter.spec.scale) @ b.T).to(out.dtype)
-            pad = (0, 0) * (out.dim() - 1) + (group.start, batch - group.stop)
-            out = out + nn.functional.pad(delta, pad)
+            # In place on the rows of this group: the base layer's backward does not need its
+            # output, and padding the delta to the whole batch would cost a batch-by-vocabulary
+            # tensor per group at the output head.
+            out[group.start : group.stop] += delta
         return out
 
 
