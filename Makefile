@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)" $(TORCH_INDEX_ARG)
-	$(BIN)/python -m pip install --quiet -e ".[server,dev]"
+	$(BIN)/python -m pip install --quiet -e ".[server,notebook,dev]"
 	# checkov (Kubernetes policy scan) pins old packaging/networkx: it gets its own venv.
 	$(PYTHON) -m venv $(VENV)/checkov
 	$(VENV)/checkov/bin/python -m pip install --quiet checkov==3.3.30
