@@ -30,7 +30,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(BIN)/python -m autoresearch.demo
+	$(BIN)/python -m autoresearch run autoresearch/configs/demo_study.yaml
 
 test: setup
 	$(BIN)/python -m pytest

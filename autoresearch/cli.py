@@ -1,9 +1,14 @@
 """The `autoresearch` command line.
 
+    autoresearch run study.yaml [--out DIR]     run a study unattended, then write its report
+    autoresearch status DIR                     trials, statuses and scores from the journal
+    autoresearch resume DIR                     continue a stopped study where it stopped
+    autoresearch report DIR [--format html]     leaderboard, best config, curves, lessons
     autoresearch trial --config trial.yaml [--server-url URL] [--out DIR]
 
-Without `--server-url` (or `TINKER_BASE_URL`) it starts the embedded training server in this
-process. API keys come from `TINKER_API_KEY`, never from a config file.
+Without a server URL (the study's `server_url`, `--server-url` or `TINKER_BASE_URL`) trials run
+on the embedded training server in this process. API keys come from the environment
+(`TINKER_API_KEY`, `GEMINI_API_KEY`, `OPENAI_API_KEY`), never from a config file.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,6 +65,75 @@ def cmd_trial(args: argparse.Namespace) -> int:
         "checkpoint": result.checkpoint,
     }
     print(json.dumps(summary, indent=2))
+    from autoresearch.executors import result_line
+
+    print(result_line(result), flush=True)  # what a study's Kubernetes executor reads
+    return 0
+
+
+def _study_logging() -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    for name in ("autoresearch.runner", "autoresearch.kube"):
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
+def _run_unattended(start) -> int:
+    """Run a study; on SIGTERM or Ctrl-C stop at once (the journal allows a resume)."""
+
+    def stop(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    _study_logging()
+    try:
+        outcome = start()
+    except KeyboardInterrupt:
+        print("study interrupted; continue it with `autoresearch resume <dir>`", file=sys.stderr,
+              flush=True)
+        # Trial threads are mid-request: leave without waiting for them. Everything done so
+        # far is in the journal and the trial records.
+        os._exit(130)
+    print(f"journal: {outcome.journal}")
+    if outcome.report is not None:
+        print(f"report: {outcome.report}\n")
+        print(outcome.report.read_text())
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from autoresearch.study import Study
+
+    study = Study.from_file(args.study)
+    return _run_unattended(lambda: study.run(args.out))
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from autoresearch.runner import resume_study
+
+    return _run_unattended(lambda: resume_study(args.directory))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from autoresearch.report import status
+
+    print(status(args.directory))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from autoresearch.report import render, write_report
+
+    if args.out is None and args.print:
+        from autoresearch.journal import Journal
+
+        print(render(Journal(args.directory, read_only=True), args.format))
+        return 0
+    path = write_report(args.directory, args.format, args.out)
+    print(path)
     return 0
 
 
@@ -72,6 +147,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", default=None, type=Path, help="trial directory (an existing one is resumed)"
     )
     trial.set_defaults(func=cmd_trial)
+
+    run = sub.add_parser("run", help="run a study unattended (resumes it if its journal exists)")
+    run.add_argument("study", type=Path, help="study YAML")
+    run.add_argument("--out", default=None, type=Path,
+                     help="study directory (default: the study's output_dir)")
+    run.set_defaults(func=cmd_run)
+    resume = sub.add_parser("resume", help="continue a stopped study")
+    resume.add_argument("directory", type=Path)
+    resume.set_defaults(func=cmd_resume)
+    status = sub.add_parser("status", help="a study's trials and scores")
+    status.add_argument("directory", type=Path)
+    status.set_defaults(func=cmd_status)
+    report = sub.add_parser("report", help="write a study's report (markdown or HTML)")
+    report.add_argument("directory", type=Path)
+    report.add_argument("--format", choices=["md", "html"], default="md")
+    report.add_argument("--out", default=None, type=Path)
+    report.add_argument("--print", action="store_true", help="print instead of writing a file")
+    report.set_defaults(func=cmd_report)
     return parser
 
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import tinker
-from sqltasks import STOP_SEQUENCES, render_prompt
 from tinker import types
 
 from autoresearch.stats import Estimate, wilson
 from rewards import RewardConfig, RewardPool, ScoreResult, Task
+from sqltasks import STOP_SEQUENCES, render_prompt
 
 
 @dataclass

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -24,7 +25,6 @@ from typing import Any
 
 import numpy as np
 import tinker
-from sqltasks import STOP_SEQUENCES, load_corpus
 from tinker import types
 
 from autoresearch.advantages import group_advantages, is_constant, kl_estimates, token_advantages
@@ -32,11 +32,14 @@ from autoresearch.config import AdamConfig, TrialConfig
 from autoresearch.evaluation import EvalResult, evaluate, prompt_tokens
 from autoresearch.record import TrialRecord
 from rewards import RewardPool, ScoreResult, Task
+from sqltasks import STOP_SEQUENCES, load_corpus
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[dict[str, Any]], None]
 RETRYABLE = (tinker.APIConnectionError, tinker.APITimeoutError, tinker.InternalServerError)
+_TOKENIZER_LOCK = threading.Lock()
+"""transformers' lazy imports are not thread-safe: trials in parallel threads load one at a time."""
 
 
 class TrialFailed(RuntimeError):
@@ -139,12 +142,13 @@ class Trial:
 
     def _tokenizer_for(self, training: tinker.TrainingClient) -> Any:
         if self._tokenizer is None:
-            if self.config.tokenizer:
-                from transformers import AutoTokenizer
+            with _TOKENIZER_LOCK:
+                if self.config.tokenizer:
+                    from transformers import AutoTokenizer
 
-                self._tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer)
-            else:
-                self._tokenizer = training.get_tokenizer()
+                    self._tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer)
+                else:
+                    self._tokenizer = training.get_tokenizer()
         return self._tokenizer
 
     # -------------------------------------------------------------- run

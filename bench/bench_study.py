@@ -99,6 +99,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--server-url", default=None)
     parser.add_argument("--out", type=Path, default=Path("runs/bench-study"))
+    parser.add_argument("--resume", type=Path, default=None,
+                        help="an interrupted run's directory (OUT/<stamp>): its studies resume")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
@@ -107,14 +109,14 @@ def main() -> int:
     trials = args.trials or (3 if args.quick else 8)
     budget = {"max_trials": trials, "confirm_seeds": 1 if args.quick else 2,
               "max_confirm_trials": 2 if args.quick else 6}
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    root = args.resume or args.out / time.strftime("%Y%m%d-%H%M%S")
     results = []
     with contextlib.ExitStack() as stack:
         url = args.server_url or os.environ.get("TINKER_BASE_URL")
         if url is None:
             from server.runtime import ServerConfig, ServerThread
 
-            server = ServerThread(ServerConfig(port=0, data_dir=args.out / stamp / "server-data",
+            server = ServerThread(ServerConfig(port=0, data_dir=root / "server-data",
                                                api_keys=""))
             url = stack.enter_context(server).url
         outcomes = {}
@@ -124,7 +126,7 @@ def main() -> int:
                           proposer={"kind": kind, "startup_trials": 2},
                           executor={"max_parallel_trials": args.parallel})
             started = time.time()
-            outcomes[kind] = run_study(study, args.out / stamp / kind)
+            outcomes[kind] = run_study(study, root / kind)
             results.append(describe(f"{kind} ({'TPE' if kind == 'optuna' else 'random search'})",
                                     outcomes[kind], time.time() - started))
     tpe, rnd = outcomes["optuna"].best, outcomes["random"].best
@@ -144,8 +146,8 @@ def main() -> int:
     summary = {"quick": args.quick, "trials": trials, "parallel": args.parallel,
                "studies": results, "tpe_minus_random_test": head and head.as_dict(),
                "verdict": verdict}
-    (args.out / stamp / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"\nsummary: {args.out / stamp / 'summary.json'}")
+    (root / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"\nsummary: {root / 'summary.json'}")
     return 0
 
 

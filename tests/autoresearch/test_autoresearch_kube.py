@@ -1,0 +1,131 @@
+"""The Kubernetes executor against a fake API server, through the official client: one Job per
+trial made from the shipped template, results read back, failures recorded, Jobs re-attached."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from autoresearch.config import TrialConfig
+from autoresearch.executors import result_line
+from autoresearch.journal import Journal
+from autoresearch.kube import KubernetesExecutor
+from autoresearch.runner import resume_study, run_study
+from autoresearch.study import Study
+from autoresearch.trial import TrialResult
+from tests.autoresearch.fake_kube import FakeKube
+from tests.autoresearch.study_helpers import draw, summary
+
+TEMPLATE = (Path(__file__).resolve().parents[2]
+            / "deploy/gke/overlays/study-job/trial-job.yaml")
+IMAGE = "registry.example/autoresearch/runner:1.2.3"
+SERVER = "http://autoresearch-api:8000"
+
+
+def pod_behaviour(job: dict[str, Any]) -> tuple[bool, str]:
+    """What the trial pod does: read its config from the annotation, print the result line."""
+    pod = job["spec"]["template"]
+    config = TrialConfig.model_validate(
+        yaml.safe_load(pod["metadata"]["annotations"]["autoresearch.dev/trial-config"]))
+    if config.rl.adam.learning_rate > 5e-4:
+        return False, "Traceback (most recent call last):\nRuntimeError: CUDA out of memory\n"
+    p = 0.3 + 500 * config.rl.adam.learning_rate
+    result = TrialResult(Path("/results"), summary("dev", draw(config, "dev", p, 32)),
+                         summary("test", draw(config, "test", p, 32)), 3, 1234, 5.0,
+                         "tinker://run/weights/final")
+    return True, f"trial: 100%|##########| 3/3\n{{}}\n{result_line(result)}\n"
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    fake = FakeKube(pod_behaviour)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(fake.kubeconfig()))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    monkeypatch.setenv("AUTORESEARCH_RUNNER_IMAGE", IMAGE)
+    yield fake
+    fake.close()
+
+
+def _study(**budget: Any) -> Study:
+    return Study(
+        name="kube", server_url=SERVER,
+        search_space={"rl.adam.learning_rate": {"low": 1e-5, "high": 1e-3, "log": True}},
+        budget={"confirm_seeds": 0, **budget},
+        executor={"kind": "kubernetes", "job_template": str(TEMPLATE), "max_parallel_trials": 2,
+                  "poll_seconds": 0.05})
+
+
+def test_each_trial_runs_once_as_a_job_made_from_the_shipped_template(fake, tmp_path: Path):
+    out = tmp_path / "study"
+    run_study(_study(max_trials=4), out)
+    journal = Journal(out, read_only=True)
+    trials = journal.trials()
+    assert sorted(fake.created) == [f"kube-{t['id']}" for t in trials]  # one Job per trial
+    # Finished Jobs are deleted once their results are journaled.
+    assert sorted(fake.deleted) == sorted(fake.created) and not fake.jobs
+    for trial in trials:
+        if trial["status"] == "crashed":  # a failed Job: its log is the error
+            assert "CUDA out of memory" in trial["error"]
+        else:  # the result line of the pod's log
+            assert trial["dev_n"] == 32 and trial["tokens"] == 1234 and trial["steps"] == 3
+    assert any(t["status"] != "crashed" for t in trials)
+    assert all(ns == "autoresearch" for ns, _ in fake.pods)  # the kubeconfig's namespace
+
+
+def test_the_job_manifest_carries_config_image_server_and_output_directory(fake, tmp_path):
+    executor = KubernetesExecutor("kube", _study().executor, SERVER)
+    from autoresearch.executors import TrialJob
+
+    config = TrialConfig().with_changes({"name": "kube-t0007", "rl.adam.learning_rate": 2e-4})
+    body = executor.manifest(TrialJob("t0007", config, tmp_path / "trials/t0007"))
+    template = yaml.safe_load(TEMPLATE.read_text())
+    assert body["metadata"]["name"] == "kube-t0007"
+    pod = body["spec"]["template"]
+    for labels in (body["metadata"]["labels"], pod["metadata"]["labels"]):
+        assert labels["autoresearch.dev/study"] == "kube"
+        assert labels["autoresearch.dev/trial"] == "t0007"
+    annotation = pod["metadata"]["annotations"]["autoresearch.dev/trial-config"]
+    assert TrialConfig.model_validate(yaml.safe_load(annotation)) == config
+    container = pod["spec"]["containers"][0]
+    assert container["image"] == IMAGE
+    assert container["args"][:2] == ["trial", "--config=/config/trial.yaml"]
+    assert f"--server-url={SERVER}" in container["args"]
+    assert f"--out={tmp_path / 'trials/t0007'}" in container["args"]
+    assert sum(a.startswith("--server-url") for a in container["args"]) == 1
+    # Everything else is the template's, untouched.
+    assert pod["spec"]["securityContext"] == template["spec"]["template"]["spec"]["securityContext"]
+    assert pod["spec"]["volumes"] == template["spec"]["template"]["spec"]["volumes"]
+    assert body["spec"]["backoffLimit"] == template["spec"]["backoffLimit"]
+    assert executor.namespace == "autoresearch"  # from the kubeconfig context
+
+
+class CrashAfterCreate(KubernetesExecutor):
+    """Dies (as the study process would) right after creating the Job of `victim`."""
+
+    victim = "t0002"
+
+    def _stream(self, job, on_step, seen):
+        if job.id == self.victim:
+            raise KeyboardInterrupt
+        return super()._stream(job, on_step, seen)
+
+
+def test_a_resumed_study_re_attaches_to_the_running_job_instead_of_starting_it_again(
+        fake, tmp_path: Path):
+    out = tmp_path / "study"
+    study = _study(max_trials=3)
+    fake.run_seconds = 0.5
+    with pytest.raises(KeyboardInterrupt):
+        run_study(study, out, executor=CrashAfterCreate("kube", study.executor, SERVER))
+    assert "kube-t0002" in fake.created
+    resume_study(out)
+    assert fake.created.count("kube-t0002") == 1
+    assert fake.create_attempts.count("kube-t0002") == 2  # the second create found it: attach
+    trial = Journal(out, read_only=True).trial("t0002")
+    assert trial["status"] in ("kept", "discarded") and trial["attempts"] == 2
