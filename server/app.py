@@ -15,7 +15,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import zstandard
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -24,12 +23,12 @@ from server.checkpoints import CheckpointError
 from server.codec import WireError, decode_forward_backward
 from server.engine import UserError
 from server.futures import LONG_POLL_SECONDS, FutureRecord
+from server.http_body import BodyTooLarge, read_body
 from server.losses import LossError
 from server.service import Backpressure, NotFound, QuotaExceeded, TrainingService
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
 CLIENT_CONFIG = {
     "pjwt_auth_enabled": False,
     "use_pyqwest_transport": True,
@@ -43,38 +42,12 @@ CLIENT_CONFIG = {
 }
 
 
-class BodyTooLarge(ValueError):
-    pass
-
-
 def _error(status: int, message: str, kind: str) -> JSONResponse:
     return JSONResponse({"error": message, "type": kind}, status_code=status)
 
 
-async def _read_body(request: Request) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise BodyTooLarge(f"request body of {declared} bytes exceeds {MAX_BODY_BYTES}")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise BodyTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
-    body = b"".join(chunks)
-    if request.headers.get("content-encoding", "").lower() == "zstd":
-        try:
-            reader = zstandard.ZstdDecompressor().stream_reader(body)
-            body = reader.read(MAX_BODY_BYTES + 1)
-        except zstandard.ZstdError as exc:
-            raise WireError(f"invalid zstd body: {exc}") from None
-        if len(body) > MAX_BODY_BYTES:
-            raise BodyTooLarge(f"decompressed body exceeds {MAX_BODY_BYTES} bytes")
-    return body
-
-
 async def _json(request: Request) -> dict[str, Any]:
-    raw = await _read_body(request)
+    raw = await read_body(request)
     if not raw:
         return {}
     try:
@@ -196,7 +169,7 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
 
     @route("POST", "/telemetry")
     async def telemetry(request: Request, who: str):
-        await _read_body(request)
+        await read_body(request)
         return {"status": "accepted"}
 
     # -------------------------------------------------------- sessions
@@ -235,7 +208,7 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
 
     @route("POST", "/forward_backward")
     async def forward_backward(request: Request, who: str):
-        body = await _read_body(request)
+        body = await read_body(request)
         if request.headers.get("content-type", "").startswith("application/json"):
             raise WireError("forward_backward takes a protobuf body (tinker SDK >= 0.25)")
         call = decode_forward_backward(body)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import os
 from pathlib import Path
 
@@ -54,3 +55,13 @@ class KeyRing:
         if any(hmac.compare_digest(key, known) for known in self._keys):
             return owner_of(key)
         raise AuthError("unknown API key")
+
+
+def is_loopback(host: str) -> bool:
+    """Only loopback addresses may serve without API keys."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

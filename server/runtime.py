@@ -7,7 +7,6 @@ all build servers through `build_app` / `ServerThread`, so they exercise the sam
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import socket
 import threading
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import uvicorn
 
-from server.auth import KeyRing
+from server.auth import KeyRing, is_loopback
 from server.checkpoints import CheckpointStore
 from server.engine import Engine
 from server.futures import FutureStore
@@ -47,15 +46,6 @@ class ServerConfig:
     tokenizer_id: str | None = None
     max_context: int | None = None
     limits: Limits = field(default_factory=Limits)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def build_service(config: ServerConfig) -> tuple[TrainingService, KeyRing]:

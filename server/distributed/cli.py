@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import ipaddress
 import logging
 import os
 import socket
@@ -48,15 +47,6 @@ def role_parser(role: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _worker_id(role: str, args: argparse.Namespace) -> str:
     return args.worker_id or f"{role}-{socket.gethostname()}-{os.getpid()}"
 
@@ -64,12 +54,12 @@ def _worker_id(role: str, args: argparse.Namespace) -> str:
 def run_gateway(args: argparse.Namespace) -> None:
     import redis.asyncio as aioredis
 
-    from server.auth import KeyRing
+    from server.auth import KeyRing, is_loopback
     from server.distributed.gateway import create_gateway_app
     from server.distributed.store import SOCKET_TIMEOUT_SECONDS
 
     keys = KeyRing.from_sources(args.api_keys_file)
-    if keys.open and not _is_loopback(args.host):
+    if keys.open and not is_loopback(args.host):
         raise SystemExit(f"refusing to listen on {args.host} without API keys: configure "
                          "--api-keys-file or AUTORESEARCH_API_KEYS, or bind to 127.0.0.1")
     client = aioredis.Redis.from_url(args.redis_url, socket_timeout=SOCKET_TIMEOUT_SECONDS,

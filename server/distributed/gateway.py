@@ -15,7 +15,6 @@ import logging
 import uuid
 
 import redis.asyncio as aioredis
-import zstandard
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -29,19 +28,14 @@ from server.distributed.store import (
     decode_result,
 )
 from server.futures import LONG_POLL_SECONDS
+from server.http_body import BodyTooLarge, read_body
 
 log = logging.getLogger(__name__)
 
 API = "/api/v1"
-MAX_BODY_BYTES = 64 * 1024 * 1024
-"""The single-process server's request limit (`server.app.MAX_BODY_BYTES`)."""
 REPLY_WAIT_SECONDS = 25.0
 """Twice this stays under the SDK's 60 s request timeout."""
 UNAUTHENTICATED = {"client/config", "client/dynamic_config"}
-
-
-class BodyTooLarge(ValueError):
-    pass
 
 
 def _error(status: int, message: str, kind: str, retry: bool | None = None) -> JSONResponse:
@@ -49,27 +43,6 @@ def _error(status: int, message: str, kind: str, retry: bool | None = None) -> J
     if retry is not None:
         response.headers["x-should-retry"] = "true" if retry else "false"
     return response
-
-
-async def _read_body(request: Request) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise BodyTooLarge(f"request body of {declared} bytes exceeds {MAX_BODY_BYTES}")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise BodyTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
-    body = b"".join(chunks)
-    if request.headers.get("content-encoding", "").lower() == "zstd":
-        try:
-            body = zstandard.ZstdDecompressor().stream_reader(body).read(MAX_BODY_BYTES + 1)
-        except zstandard.ZstdError as exc:
-            raise ValueError(f"invalid zstd body: {exc}") from None
-        if len(body) > MAX_BODY_BYTES:
-            raise BodyTooLarge(f"decompressed body exceeds {MAX_BODY_BYTES} bytes")
-    return body
 
 
 def op_id_for(owner: str, method: str, path: str, idempotency_key: str | None) -> str:
@@ -169,7 +142,7 @@ def create_gateway_app(client: aioredis.Redis, keys: KeyRing, prefix: str = "ar"
     async def retrieve_future(request: Request) -> Response:
         try:
             who = owner(request)
-            body = json.loads(await _read_body(request) or b"{}")
+            body = json.loads(await read_body(request) or b"{}")
         except AuthError as exc:
             return _error(401, str(exc), "authentication_error")
         except (ValueError, BodyTooLarge) as exc:
@@ -193,7 +166,7 @@ def create_gateway_app(client: aioredis.Redis, keys: KeyRing, prefix: str = "ar"
     async def accepted(request: Request) -> Response:
         try:
             owner(request)
-            await _read_body(request)
+            await read_body(request)
         except AuthError as exc:
             return _error(401, str(exc), "authentication_error")
         except (ValueError, BodyTooLarge) as exc:
@@ -205,7 +178,7 @@ def create_gateway_app(client: aioredis.Redis, keys: KeyRing, prefix: str = "ar"
     async def forward(request: Request, path: str) -> Response:
         try:
             who = "" if path in UNAUTHENTICATED else owner(request)
-            body = await _read_body(request)
+            body = await read_body(request)
         except AuthError as exc:
             return _error(401, str(exc), "authentication_error")
         except BodyTooLarge as exc:
