@@ -79,6 +79,8 @@ class StudyReport:
         self.curves = curves
 
     def _repr_html_(self) -> str:
+        from autoresearch.report import html_list, html_table
+
         body = []
         for b in self.blocks:
             if b.kind == "h1":
@@ -88,13 +90,9 @@ class StudyReport:
             elif b.kind == "p":
                 body.append(f"<p>{e(b.text)}</p>")
             elif b.kind == "list":
-                body.append("<ul>" + "".join(f"<li>{e(i)}</li>" for i in b.items or []) + "</ul>")
+                body.append(html_list(b.items))
             elif b.kind == "table":
-                head = "".join(f"<th>{e(h)}</th>" for h in b.headers or [])
-                rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"
-                               for row in b.rows or [])
-                body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody>"
-                            "</table>")
+                body.append(html_table(b.headers, b.rows))
             elif b.kind == "code":
                 body.append(f"<pre class='ar-yaml'>{e(b.text)}</pre>")
                 if self.code:

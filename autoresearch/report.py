@@ -237,6 +237,18 @@ def _svg(values: list[float], width: int = 240, height: int = 48) -> str:
             f'<polyline fill="none" stroke="#2563eb" stroke-width="2" points="{points}"/></svg>')
 
 
+def html_list(items: list[str] | None) -> str:
+    return "<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in items or []) + "</ul>"
+
+
+def html_table(headers: list[str] | None, rows: list[list[str]] | None) -> str:
+    e = html.escape
+    head = "".join(f"<th>{e(h)}</th>" for h in headers or [])
+    body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"
+                   for row in rows or [])
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
 def to_html(blocks: list[Block]) -> str:
     e = html.escape
     body = []
@@ -246,12 +258,9 @@ def to_html(blocks: list[Block]) -> str:
         elif b.kind == "code":
             body.append(f"<pre><code>{e(b.text)}</code></pre>")
         elif b.kind == "list":
-            body.append("<ul>" + "".join(f"<li>{e(i)}</li>" for i in b.items or []) + "</ul>")
+            body.append(html_list(b.items))
         elif b.kind == "table":
-            head = "".join(f"<th>{e(h)}</th>" for h in b.headers or [])
-            rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"
-                           for row in b.rows or [])
-            body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+            body.append(html_table(b.headers, b.rows))
         elif b.kind == "curves":
             body.append("<table>" + "".join(
                 f"<tr><td>{e(label)}</td><td>{_svg(vals)}</td>"
