@@ -677,11 +677,14 @@ def _captured(logger_name: str) -> Iterator[list[logging.LogRecord]]:
             records.append(record)
 
     handler, logger = Keep(logging.WARNING), logging.getLogger(logger_name)
+    level = logger.level  # a caller (e.g. a command line) may have silenced the SDK's warnings
+    logger.setLevel(logging.WARNING)
     logger.addHandler(handler)
     try:
         yield records
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 # RestClient ------------------------------------------------------------------------------
