@@ -147,17 +147,12 @@ def sft_datum(ids: list[int], weights: list[float] | None = None) -> types.Datum
 
 def rl_datum(prompt: list[int], completion: list[int], sampled_lps: list[float],
              advantage: float) -> types.Datum:
-    """A policy-gradient datum: only the completion's positions carry logprobs/advantages."""
-    ids = prompt + completion
-    n_prompt = len(prompt) - 1
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(ids[:-1]),
-        loss_fn_inputs={
-            "target_tokens": ids[1:],
-            "logprobs": [0.0] * n_prompt + list(sampled_lps),
-            "advantages": [0.0] * n_prompt + [advantage] * len(completion),
-        },
-    )
+    """A policy-gradient datum with one advantage on every completion token (the trial loop's
+    own datum builder, so tests train on exactly what trials send)."""
+    from autoresearch.trial import rl_datum as trial_rl_datum
+
+    return trial_rl_datum(prompt, completion, list(sampled_lps),
+                          np.full(len(completion), advantage))
 
 
 def output_logprobs(output: types.ForwardBackwardOutput) -> list[np.ndarray]:
