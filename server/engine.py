@@ -486,6 +486,12 @@ class Engine:
         return results
 
     def _decode(self, jobs: list[SampleJob]) -> list[list[SampledSequence]]:
+        """Decode every job's rows together; finished rows leave the batch as they pile up.
+
+        Each row draws from its own random stream (seeded from its job's seed and its index in
+        the job), so what a row samples does not depend on which other requests shared its
+        batch or on when finished rows were dropped.
+        """
         prompts = [job.prompt for job in jobs for _ in range(job.num_samples)]
         owners = [j for j, job in enumerate(jobs) for _ in range(job.num_samples)]
         rows = len(prompts)
@@ -497,24 +503,16 @@ class Engine:
             tokens[r, width - len(prompt) :] = torch.tensor(prompt)
             mask[r, width - len(prompt) :] = 1
         tokens, mask = tokens.to(self.device), mask.to(self.device)
-        groups, start = [], 0
-        for job in jobs:
-            groups.append(RowGroup(job.adapter, start, start + job.num_samples))
-            start += job.num_samples
-        generators = [
-            torch.Generator().manual_seed(
-                job.params.seed if job.params.seed is not None else int(torch.randint(0, 2**62, ()))
-            )
-            for job in jobs
-        ]
+        generators = _row_generators(jobs)
         stops = [self._stop_rule(job) for job in jobs]
         max_new = [self._max_new(job) for job in jobs]
         out_tokens: list[list[int]] = [[] for _ in range(rows)]
         out_lps: list[list[float]] = [[] for _ in range(rows)]
         stopped = [False] * rows
         done = [False] * rows
+        live = list(range(rows))  # batch row k decodes original row live[k]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        with routing(groups):
+        with routing(_row_groups(jobs, owners, live)):
             out = self.model(
                 input_ids=tokens,
                 attention_mask=mask,
@@ -522,37 +520,43 @@ class Engine:
                 use_cache=True,
                 logits_to_keep=1,
             )
-            cache = _cache_of(out)
-            logits = out.logits[:, -1].float()
-            step = 0
-            while True:
-                next_tokens = self._choose(
-                    jobs, owners, logits, generators, out_tokens, out_lps, done
-                )
-                for r in range(rows):
-                    if done[r]:
-                        continue
-                    j = owners[r]
-                    if stops[j](out_tokens[r]):
-                        done[r] = stopped[r] = True
-                    elif len(out_tokens[r]) >= max_new[j]:
-                        done[r] = True
-                step += 1
-                if all(done):
-                    break
-                mask = torch.cat(
-                    [mask, torch.ones((rows, 1), dtype=mask.dtype, device=self.device)], 1
-                )
-                positions = positions[:, -1:] + 1
+        cache = _cache_of(out)
+        logits = out.logits[:, -1].float()
+        while True:
+            picks = self._choose(jobs, owners, live, logits, generators, out_tokens, out_lps, done)
+            for r in live:
+                if done[r]:
+                    continue
+                j = owners[r]
+                if stops[j](out_tokens[r]):
+                    done[r] = stopped[r] = True
+                elif len(out_tokens[r]) >= max_new[j]:
+                    done[r] = True
+            finished = sum(done[r] for r in live)
+            if finished == len(live):
+                break
+            if finished * 4 >= len(live):
+                # Drop finished rows once they are a quarter of the batch: each copy of the
+                # cache is paid back by every later step computing fewer rows.
+                keep = [k for k, r in enumerate(live) if not done[r]]
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                mask, positions, picks = mask[index], positions[index], picks[index]
+                live = [live[k] for k in keep]
+            mask = torch.cat(
+                [mask, torch.ones((len(live), 1), dtype=mask.dtype, device=self.device)], 1
+            )
+            positions = positions[:, -1:] + 1
+            with routing(_row_groups(jobs, owners, live)):
                 out = self.model(
-                    input_ids=next_tokens[:, None],
+                    input_ids=picks[:, None],
                     attention_mask=mask,
                     position_ids=positions,
                     use_cache=True,
                     **{self._cache_kw: cache},
                 )
-                cache = _cache_of(out)
-                logits = out.logits[:, -1].float()
+            cache = _cache_of(out)
+            logits = out.logits[:, -1].float()
         self.stats.sample_tokens += sum(len(t) for t in out_tokens)
         results: list[list[SampledSequence]] = [[] for _ in jobs]
         for r in range(rows):
@@ -563,20 +567,18 @@ class Engine:
         self,
         jobs: list[SampleJob],
         owners: list[int],
+        live: list[int],
         logits: torch.Tensor,
         generators: list[torch.Generator],
         out_tokens: list[list[int]],
         out_lps: list[list[float]],
         done: list[bool],
     ) -> torch.Tensor:
-        """Pick each row's next token under its job's sampling parameters."""
-        chosen = torch.zeros(len(owners), dtype=torch.long)
-        start = 0
-        for j, job in enumerate(jobs):
-            rows = slice(start, start + job.num_samples)
-            start += job.num_samples
-            p = job.params
-            block = logits[rows].cpu()
+        """Pick each live row's next token under its job's sampling parameters."""
+        chosen = torch.zeros(len(live), dtype=torch.long)
+        for j, first, stop in _job_blocks(owners, live):
+            p = jobs[j].params
+            block = logits[first:stop].cpu()
             if p.temperature == 0:
                 logp = torch.log_softmax(block, -1)
                 picks = block.argmax(-1)
@@ -595,11 +597,20 @@ class Engine:
                     filtered = torch.full_like(filtered, -math.inf).scatter(
                         -1, order, sorted_logits
                     )
-                probs = torch.softmax(filtered, -1)
-                picks = torch.multinomial(probs, 1, generator=generators[j])[:, 0]
+                # Inverse-CDF draw with one uniform from each row's own stream.
+                cdf = torch.softmax(filtered, -1).cumsum(-1)
+                uniform = torch.tensor(
+                    [
+                        0.5 if done[r] else float(torch.rand((), generator=generators[r]))
+                        for r in live[first:stop]
+                    ],
+                    dtype=cdf.dtype,
+                )
+                picks = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True)
+                picks = picks[:, 0].clamp_(max=cdf.shape[-1] - 1)
             picked_lp = torch.gather(logp, -1, picks[:, None])[:, 0]
-            for k, r in enumerate(range(rows.start, rows.stop)):
-                chosen[r] = picks[k]
+            chosen[first:stop] = picks
+            for k, r in enumerate(live[first:stop]):
                 if not done[r]:
                     out_tokens[r].append(int(picks[k]))
                     out_lps[r].append(float(picked_lp[k]))
@@ -626,3 +637,30 @@ class Engine:
             return any(s in tail for s in strings)
 
         return hit
+
+
+def _row_generators(jobs: list[SampleJob]) -> list[torch.Generator]:
+    """One random stream per sampled row, from its job's seed (or a fresh one) and its index."""
+    generators = []
+    for job in jobs:
+        seed = job.params.seed
+        base = int(torch.randint(0, 2**62, ())) if seed is None else int(seed)
+        for k in range(job.num_samples):
+            generators.append(torch.Generator().manual_seed((base * 1_000_003 + k) % 2**63))
+    return generators
+
+
+def _job_blocks(owners: list[int], live: list[int]) -> list[tuple[int, int, int]]:
+    """`(job, first, stop)`: the contiguous batch rows each job still has in the batch."""
+    blocks: list[tuple[int, int, int]] = []
+    for k, r in enumerate(live):
+        if blocks and blocks[-1][0] == owners[r]:
+            blocks[-1] = (owners[r], blocks[-1][1], k + 1)
+        else:
+            blocks.append((owners[r], k, k + 1))
+    return blocks
+
+
+def _row_groups(jobs: list[SampleJob], owners: list[int], live: list[int]) -> list[RowGroup]:
+    """LoRA routing for the rows still in the batch."""
+    return [RowGroup(jobs[j].adapter, first, stop) for j, first, stop in _job_blocks(owners, live)]

@@ -132,23 +132,36 @@ class MultiLoRALinear(nn.Module):
         groups = _ROUTING.get()
         if not groups:
             return out
+        routed = [g for g in groups if g.adapter is not None and self.name in g.adapter.a]
+        if not routed:
+            return out
         batch = x.shape[0]
-        for group in groups:
-            adapter = group.adapter
-            if adapter is None or self.name not in adapter.a:
-                continue
-            a, b = adapter.a[self.name], adapter.b[self.name]
-            # Scale the rank-r intermediate, not the (possibly vocabulary-wide) output.
-            if group.start == 0 and group.stop == batch:
-                out = out + (((x.to(a.dtype) @ a.T) * adapter.spec.scale) @ b.T).to(out.dtype)
-                continue
-            rows = x[group.start : group.stop].to(a.dtype)
-            delta = (((rows @ a.T) * adapter.spec.scale) @ b.T).to(out.dtype)
-            # In place on the rows of this group: the base layer's backward does not need its
-            # output, and padding the delta to the whole batch would cost a batch-by-vocabulary
-            # tensor per group at the output head.
-            out[group.start : group.stop] += delta
-        return out
+        if len(routed) == 1 and routed[0].start == 0 and routed[0].stop == batch:
+            return out + self._delta(x, routed[0].adapter, out.dtype)
+        if not torch.is_grad_enabled():
+            # Decoding: add each group's delta in place on its own rows (no autograd to feed).
+            for group in routed:
+                rows = x[group.start : group.stop]
+                out[group.start : group.stop] += self._delta(rows, group.adapter, out.dtype)
+            return out
+        # Training: one out-of-place add of the groups' deltas stacked along the batch. In-place
+        # adds on row slices would make autograd copy the whole output gradient once per group
+        # in backward (for the output head, a batch-by-vocabulary tensor each time).
+        pieces, cursor = [], 0
+        for group in sorted(routed, key=lambda g: g.start):
+            if group.start > cursor:
+                pieces.append(out.new_zeros((group.start - cursor, *out.shape[1:])))
+            pieces.append(self._delta(x[group.start : group.stop], group.adapter, out.dtype))
+            cursor = group.stop
+        if cursor < batch:
+            pieces.append(out.new_zeros((batch - cursor, *out.shape[1:])))
+        return out + torch.cat(pieces)
+
+    def _delta(self, x: torch.Tensor, adapter: AdapterWeights, dtype: torch.dtype) -> torch.Tensor:
+        """`scale * B(A(x))` for these rows, scaling the rank-r intermediate rather than the
+        (possibly vocabulary-wide) output."""
+        a, b = adapter.a[self.name], adapter.b[self.name]
+        return (((x.to(a.dtype) @ a.T) * adapter.spec.scale) @ b.T).to(dtype)
 
 
 def wrap_model(model: nn.Module) -> dict[str, MultiLoRALinear]:

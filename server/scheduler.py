@@ -65,7 +65,7 @@ class Scheduler:
         self,
         engine: Engine,
         fuse: bool = True,
-        max_sample_rows: int = 64,
+        max_sample_rows: int = 128,
         max_fused_rows: int = 256,
         metrics: ServerMetrics | None = None,
         maintenance_seconds: float = 1.0,
@@ -91,6 +91,10 @@ class Scheduler:
         self.sample_quiet_seconds = 0.01
         self.sample_gather_seconds = 0.05
         """Batching window for sampling: wait for 10 ms of quiet, 50 ms at most."""
+        self.train_quiet_seconds = 0.005
+        self.train_gather_seconds = 0.02
+        """Batching window for an idle engine's first training work: 5 ms of quiet, 20 ms at
+        most (runs that submit together then share one batch instead of one going first)."""
         self._wake_in: float | None = None
         self.last_tick = time.monotonic()
         """When the engine loop last came round (it does at least every `maintenance_seconds`)."""
@@ -218,6 +222,8 @@ class Scheduler:
             return "sample", batch
         if not heads:
             return None
+        if self.fuse and self._gathering_train(heads):
+            return None
         if not self.fuse:
             head = heads[0]
             self._advance(head)
@@ -261,6 +267,27 @@ class Scheduler:
             and waited < self.sample_gather_seconds
         ):
             self._wake_in = self.sample_quiet_seconds - quiet
+            return True
+        return False
+
+    def _gathering_train(self, heads: list[Work]) -> bool:
+        """Hold an idle engine a few milliseconds while other runs' training work arrives.
+
+        Only fresh work waits: a head that queued behind a running batch is already older than
+        the window, so a busy engine never pauses.
+        """
+        if any(h.job is None for h in heads):
+            return False
+        now = time.monotonic()
+        quiet = now - max(h.enqueued for h in heads)
+        waited = now - min(h.enqueued for h in heads)
+        rows = sum(len(h.job.data) for h in heads)
+        if (
+            rows < self.max_fused_rows
+            and quiet < self.train_quiet_seconds
+            and waited < self.train_gather_seconds
+        ):
+            self._wake_in = self.train_quiet_seconds - quiet
             return True
         return False
 

@@ -40,7 +40,14 @@ from tests.server.server_helpers import (
 RTOL, ATOL = 1e-4, 1e-5
 """Fused vs solo: the same math up to reassociation in batched matrix products."""
 LEARNING_RATE = 5e-3
-SAMPLE_PARAMS = types.SamplingParams(max_tokens=10, temperature=1.0, seed=1234, stop=[])
+SAMPLE_LENGTHS = (3, 10, 6)
+"""Each run's max_tokens: its rows finish at different steps, so a fused decode drops the
+finished rows part-way through and must still match each run sampling alone."""
+
+
+def sample_params(k: int) -> types.SamplingParams:
+    return types.SamplingParams(max_tokens=SAMPLE_LENGTHS[k], temperature=1.0, seed=1234 + k,
+                                stop=[])
 
 
 # ------------------------------------------------------------------ helpers
@@ -173,8 +180,10 @@ def _fused_scenario(server, base_model, run_plans, steps):
         samplers = [c.save_weights_and_get_sampling_client().result() for c in clients]
         prompt = types.ModelInput.from_ints(run_plans[0].data[0].model_input.to_ints()[:6])
         with hold_engine(server):
-            sample_futures = [pool.submit(lambda s: s.sample(prompt, 3, SAMPLE_PARAMS).result(), s)
-                              for s in samplers]
+            sample_futures = [
+                pool.submit(lambda s, k: s.sample(prompt, 3, sample_params(k)).result(), s, k)
+                for k, s in enumerate(samplers)
+            ]
             wait_until(lambda: server.service.scheduler.queue_depths()["_sampling"] == 3,
                        what="three sample requests queued")
         samples = [f.result(timeout=60).sequences for f in sample_futures]
@@ -185,7 +194,7 @@ def _solo_scenario(server, base_model, run_plans, steps):
     """Each run alone, one after another, on a server that never fuses."""
     records, samples = [], []
     with _service(server) as svc:
-        for plan in run_plans:
+        for k, plan in enumerate(run_plans):
             client = new_run(svc, base_model, seed=plan.seed, rank=plan.rank)
             record = StepRecord([], [])
             for _ in range(steps):
@@ -195,7 +204,7 @@ def _solo_scenario(server, base_model, run_plans, steps):
             records.append(record)
             sampler = client.save_weights_and_get_sampling_client().result()
             prompt = types.ModelInput.from_ints(run_plans[0].data[0].model_input.to_ints()[:6])
-            samples.append(sampler.sample(prompt, 3, SAMPLE_PARAMS).result().sequences)
+            samples.append(sampler.sample(prompt, 3, sample_params(k)).result().sequences)
     return records, samples
 
 
@@ -221,7 +230,8 @@ def test_fused_runs_of_different_ranks_and_losses_match_each_run_trained_alone(
                 np.testing.assert_allclose(f_row, s_row, rtol=RTOL, atol=ATOL)
         # Training moved the run: a wrong adapter routing could not hide behind a no-op.
         assert not np.allclose(f.logprobs[0][0], f.logprobs[-1][0], atol=1e-3)
-    for f_seqs, s_seqs in zip(fused_samples, solo_samples, strict=True):
+    for length, f_seqs, s_seqs in zip(SAMPLE_LENGTHS, fused_samples, solo_samples, strict=True):
+        assert [len(q.tokens) for q in f_seqs] == [length] * 3
         assert [list(q.tokens) for q in f_seqs] == [list(q.tokens) for q in s_seqs]
         for fq, sq in zip(f_seqs, s_seqs, strict=True):
             np.testing.assert_allclose(fq.logprobs, sq.logprobs, rtol=RTOL, atol=ATOL)
@@ -436,7 +446,7 @@ def test_metrics_endpoint_exposes_the_documented_series_and_a_duty_cycle_fractio
         client = new_run(svc, base_model, seed=61)
         sft_step(client, sft_data(sequences, 0))
         sampler = client.save_weights_and_get_sampling_client().result()
-        sampler.sample(types.ModelInput.from_ints(sequences[0][:4]), 2, SAMPLE_PARAMS).result()
+        sampler.sample(types.ModelInput.from_ints(sequences[0][:4]), 2, sample_params(1)).result()
 
         text = httpx.get(f"{fused_server.url}/metrics", timeout=10).text
         names, values = set(), {}
