@@ -108,13 +108,43 @@ def cmd_run(args: argparse.Namespace) -> int:
     from autoresearch.study import Study
 
     study = Study.from_file(args.study)
+    _clear_control(args.out or study.directory())
     return _run_unattended(lambda: study.run(args.out))
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from autoresearch.runner import resume_study
 
+    _clear_control(args.directory)
     return _run_unattended(lambda: resume_study(args.directory))
+
+
+def _clear_control(directory: Path) -> None:
+    """A study started by hand runs unhindered by an earlier `pause` or `stop`."""
+    from autoresearch.control import StudyControl
+
+    if Path(directory).exists():
+        StudyControl(directory).reset()
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    """Steer a study that runs elsewhere (another shell, a notebook, a Job) via its control file."""
+    from autoresearch.control import StudyControl
+
+    control = StudyControl(args.directory)
+    if args.command == "pause":
+        control.pause()
+        print("paused: running trials wait at their next step; nothing new starts")
+    elif args.command == "continue":
+        control.resume()
+        print("continuing")
+    elif args.trial:
+        control.stop_trial(args.trial)
+        print(f"{args.trial} stops at its next step (recorded as stopped; the study goes on)")
+    else:
+        control.stop()
+        print("stopping: no new trials; running ones end at their next step, then the report")
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -156,6 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="continue a stopped study")
     resume.add_argument("directory", type=Path)
     resume.set_defaults(func=cmd_resume)
+    for name, text in (("pause", "pause a running study at its trials' next step"),
+                       ("continue", "let a paused study go on"),
+                       ("stop", "stop a running study (or, with --trial, one of its trials)")):
+        steer = sub.add_parser(name, help=text)
+        steer.add_argument("directory", type=Path)
+        if name == "stop":
+            steer.add_argument("--trial", default=None, help="a trial id, e.g. t0003")
+        steer.set_defaults(func=cmd_control)
     status = sub.add_parser("status", help="a study's trials and scores")
     status.add_argument("directory", type=Path)
     status.set_defaults(func=cmd_status)

@@ -32,7 +32,7 @@ from typing import Any
 import duckdb
 
 JOURNAL_FILE = "journal.duckdb"
-STATUSES = ("queued", "running", "done", "crashed", "discarded", "kept")
+STATUSES = ("queued", "running", "done", "crashed", "stopped", "discarded", "kept")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS study (

@@ -45,7 +45,9 @@ CSS = """<style>
 .ar-badge.running{background:rgba(59,130,246,.25);} .ar-badge.kept{background:rgba(16,185,129,.3);}
 .ar-badge.done{background:rgba(6,182,212,.25);}
 .ar-badge.discarded{background:rgba(127,127,127,.25);}
-.ar-badge.crashed{background:rgba(239,68,68,.3);} .ar-badge.queued{background:rgba(245,158,11,.25);}
+.ar-badge.crashed{background:rgba(239,68,68,.3);}
+.ar-badge.stopped{background:rgba(148,163,184,.3);}
+.ar-badge.queued{background:rgba(245,158,11,.25);}
 .ar-muted{opacity:.7;} .ar-h{font-weight:600;margin:6px 0 2px;}
 .ar-dot{display:inline-block;width:9px;height:9px;border-radius:50%;margin-right:4px;}
 </style>"""

@@ -182,6 +182,8 @@ def build(journal: Journal) -> list[Block]:
         elif t["status"] == "crashed":
             last = (t["error"] or "").strip().splitlines()[-1:] or ["unknown error"]
             lessons.append(f"Crashed ({t['id']}, {_changes(t)}): {last[0]}")
+        elif t["status"] == "stopped":
+            lessons.append(f"Stopped on request before it finished ({t['id']}, {_changes(t)})")
     blocks.append(Block("list", items=lessons or ["Nothing yet: no candidate was decided."]))
     proposals = journal.proposals()
     outcomes: dict[str, int] = {}

@@ -30,6 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from autoresearch.config import TrialConfig
+from autoresearch.control import (
+    ControlledExecutor,
+    ControlledProposer,
+    StudyControl,
+    TrialStopped,
+)
 from autoresearch.decide import after_confirmation, first_look
 from autoresearch.executors import Executor, LocalExecutor, TrialJob
 from autoresearch.journal import Journal
@@ -82,7 +88,11 @@ class StudyRunner:
         self.dir = Path(output_dir or study.directory())
         self.space = study.space()
         self.journal = Journal(self.dir)
-        self.proposer = proposer or make_proposer(study.proposer, study.seed)
+        self.control = StudyControl(self.dir)
+        proposer = proposer or make_proposer(study.proposer, study.seed)
+        if not isinstance(proposer, ControlledProposer):
+            proposer = ControlledProposer(proposer, self.control)
+        self.proposer = proposer
         self.tracer = Tracer(study.tracing.project)
         self._propose = self.tracer.op("propose", self._propose_traced)
         self._trace_trial = self.tracer.op("trial", _trial_summary)
@@ -99,6 +109,8 @@ class StudyRunner:
 
         self._init_journal()
         with self._executor_for_study() as executor:
+            if not isinstance(executor, ControlledExecutor):
+                executor = ControlledExecutor(executor, self.control)
             self._loop(executor)
         self.journal.set_study(state="finished")
         self.journal.event("study", "study finished")
@@ -361,6 +373,12 @@ class StudyRunner:
             self.journal.put_steps(trial_id, streamed)
         try:
             result: TrialResult = future.result()
+        except TrialStopped as exc:
+            self.journal.finish_trial(trial_id, steps, evals, status="stopped",
+                                      finished=time.time(), error=str(exc))
+            self.journal.event("trial", f"stopped on request: {exc}", trial_id)
+            log.info("trial %s stopped on request", trial_id)
+            return
         except Exception as exc:  # noqa: BLE001 - a crashed trial is a result, not the end
             error = "".join(traceback.format_exception(exc))[-4000:]
             self.journal.finish_trial(trial_id, steps, evals, status="crashed",

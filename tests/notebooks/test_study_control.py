@@ -207,7 +207,7 @@ def test_stopping_one_trial_of_a_live_study_leaves_the_others_running(tmp_path):
     executor.gate.set()
     live.wait(60)
     trials = {t["id"]: t for t in read_snapshot(live.directory).trials}
-    assert trials["t0001"]["status"] == "crashed" and "TrialStopped" in trials["t0001"]["error"]
+    assert trials["t0001"]["status"] == "stopped" and "stop requested" in trials["t0001"]["error"]
     assert len(trials) == 3 and trials["t0002"]["status"] == "kept"
 
 
@@ -226,7 +226,22 @@ def test_stopping_a_live_study_ends_it_early_with_a_report(tmp_path):
     snapshot = read_snapshot(live.directory)
     assert snapshot.finished and outcome.report.exists()
     assert len(snapshot.trials) < 8
-    assert {t["status"] for t in snapshot.trials} <= {"crashed", "kept"}
+    statuses = {t["status"] for t in snapshot.trials}
+    assert "stopped" in statuses and statuses <= {"stopped", "kept"}
+
+
+def test_the_command_line_pauses_continues_and_stops_a_study_through_its_control_file(
+        tmp_path, capsys):
+    from autoresearch.cli import main
+
+    control = StudyControl(tmp_path)
+    assert main(["pause", str(tmp_path)]) == 0 and control.state().paused
+    assert main(["continue", str(tmp_path)]) == 0 and not control.state().paused
+    assert main(["stop", str(tmp_path), "--trial", "t0002"]) == 0
+    state = control.state()
+    assert state.trial_stopped("t0002") and not state.trial_stopped("t0001")
+    assert main(["stop", str(tmp_path)]) == 0 and control.state().stopped
+    assert "stopping" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------ server health
