@@ -10,9 +10,10 @@ the process or reach another key's runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -64,7 +65,14 @@ def _future(record: FutureRecord, **extra: Any) -> dict[str, Any]:
 
 
 def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
-    app = FastAPI(title="autoresearch training server", docs_url=None, redoc_url=None)
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(service.scheduler.stop)
+
+    app = FastAPI(
+        title="autoresearch training server", docs_url=None, redoc_url=None, lifespan=lifespan
+    )
     app.state.service = service
     api = "/api/v1"
 
@@ -330,9 +338,5 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
     @route("POST", "/copy_weights")
     async def copy_weights(request: Request, who: str):
         return service.copy_weights(who, await _json(request))
-
-    @app.on_event("shutdown")
-    async def _shutdown() -> None:  # pragma: no cover - exercised by process exit
-        await asyncio.to_thread(service.scheduler.stop)
 
     return app

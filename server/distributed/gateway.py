@@ -9,10 +9,12 @@ result in Redis, so a future can be collected from any gateway. Nothing here imp
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import uuid
+from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
@@ -104,7 +106,12 @@ class Gateway:
 
 
 def create_gateway_app(client: aioredis.Redis, keys: KeyRing, prefix: str = "ar") -> FastAPI:
-    app = FastAPI(title="autoresearch gateway", docs_url=None, redoc_url=None)
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await client.aclose()
+
+    app = FastAPI(title="autoresearch gateway", docs_url=None, redoc_url=None, lifespan=lifespan)
     gateway = Gateway(client, Keys(prefix))
     app.state.gateway = gateway
 
@@ -200,10 +207,6 @@ def create_gateway_app(client: aioredis.Redis, keys: KeyRing, prefix: str = "ar"
             log.exception("redis unavailable for %s", path)
             return _error(503, "the server's queue is unavailable; retry", "unavailable",
                           retry=True)
-
-    @app.on_event("shutdown")
-    async def _close() -> None:  # pragma: no cover - process exit
-        await client.aclose()
 
     return app
 
