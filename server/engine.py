@@ -492,16 +492,15 @@ class Engine:
         the job), so what a row samples does not depend on which other requests shared its
         batch or on when finished rows were dropped.
         """
-        prompts = [job.prompt for job in jobs for _ in range(job.num_samples)]
         owners = [j for j, job in enumerate(jobs) for _ in range(job.num_samples)]
-        rows = len(prompts)
-        width = max(len(p) for p in prompts)
+        rows = len(owners)
+        width = max(len(job.prompt) for job in jobs)
         pad_id = int(self.tokenizer.pad_token_id or 0)
-        tokens = torch.full((rows, width), pad_id, dtype=torch.long)
-        mask = torch.zeros((rows, width), dtype=torch.long)
-        for r, prompt in enumerate(prompts):  # left padding keeps every row's last token aligned
-            tokens[r, width - len(prompt) :] = torch.tensor(prompt)
-            mask[r, width - len(prompt) :] = 1
+        tokens = torch.full((len(jobs), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(jobs), width), dtype=torch.long)
+        for j, job in enumerate(jobs):  # left padding keeps every row's last token aligned
+            tokens[j, width - len(job.prompt) :] = torch.tensor(job.prompt)
+            mask[j, width - len(job.prompt) :] = 1
         tokens, mask = tokens.to(self.device), mask.to(self.device)
         generators = _row_generators(jobs)
         stops = [self._stop_rule(job) for job in jobs]
@@ -512,7 +511,9 @@ class Engine:
         done = [False] * rows
         live = list(range(rows))  # batch row k decodes original row live[k]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        with routing(_row_groups(jobs, owners, live)):
+        # One prefill per request, not per sample: a request's rows share its prompt and
+        # adapter, so their caches start equal and are copied out after the prefill.
+        with routing([RowGroup(job.adapter, j, j + 1) for j, job in enumerate(jobs)]):
             out = self.model(
                 input_ids=tokens,
                 attention_mask=mask,
@@ -521,7 +522,11 @@ class Engine:
                 logits_to_keep=1,
             )
         cache = _cache_of(out)
-        logits = out.logits[:, -1].float()
+        expand = torch.tensor(owners, device=self.device)
+        if rows != len(jobs):
+            cache.batch_select_indices(expand)
+        mask, positions = mask[expand], positions[expand]
+        logits = out.logits[:, -1].float()[expand]
         while True:
             picks = self._choose(jobs, owners, live, logits, generators, out_tokens, out_lps, done)
             for r in live:

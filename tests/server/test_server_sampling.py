@@ -67,6 +67,8 @@ def test_same_seed_gives_the_same_samples_and_another_seed_does_not(base_sampler
 
     assert draw(11) == draw(11)
     assert draw(11) != draw(12)
+    # The samples of one request share a prefill but not a random stream.
+    assert len({tuple(tokens) for tokens in draw(11)}) == 3
 
 
 def test_max_tokens_is_honoured_with_stop_reason_length(base_sampler, sequences):
