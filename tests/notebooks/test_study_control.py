@@ -175,6 +175,7 @@ def test_a_live_study_runs_in_the_background_and_the_dashboard_reads_its_journal
         time.sleep(0.05)
     assert live.running  # the kernel is free while the trial waits at its gate
     assert 'data-trial="t0001"' in dashboard.leaderboard.value
+    assert "t0001" in dashboard.trial_choice.options  # "Stop trial" offers the running trial
     live.pause()
     dashboard.refresh()
     assert "paused" in dashboard.header.value
