@@ -211,6 +211,67 @@ def random_batch(rows: int, length: int, vocab: int, seed: int) -> list:
     return [sft_datum(rng.integers(2, vocab, size=length + 1).tolist()) for _ in range(rows)]
 
 
+# ------------------------------------------------------------------ ceilings
+def _median_seconds(fn: Callable[[], object], rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def decode_batching_ceiling(bench: Bench, prompts: list[list[int]], runs: int, group: int,
+                            max_tokens: int, rounds: int) -> float:
+    """What batching alone buys this hardware for this sampling work, with no server involved.
+
+    The plain base model (`model.generate`, greedy, a fixed number of new tokens) decodes one
+    run's rows (prompts x group) `runs` times, then all runs' rows in one batch. The ratio of
+    their throughputs bounds what any fusion of these runs can gain here.
+    """
+    model, tokenizer = bench.engine.model, bench.engine.tokenizer
+    config = copy.deepcopy(model.generation_config)
+    config.update(do_sample=False, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                  eos_token_id=None, temperature=None, top_p=None, top_k=None)
+    pad = int(tokenizer.pad_token_id or 0)
+
+    def generate(batch: list[list[int]]) -> None:
+        width = max(len(p) for p in batch)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        with torch.inference_mode():
+            model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+
+    one_run = [p for p in prompts for _ in range(group)]
+    generate(one_run)  # warm-up
+    apart = _median_seconds(lambda: [generate(one_run) for _ in range(runs)], rounds)
+    together = _median_seconds(lambda: generate(one_run * runs), rounds)
+    return apart / together
+
+
+def train_batching_ceiling(bench: Bench, runs: int, rows: int, length: int,
+                           rounds: int) -> float:
+    """The same bound for training: forward + backward of the plain base model (gradients to
+    the input embeddings, as frozen base weights have none) on each run's batch in turn, versus
+    all runs' rows in one batch."""
+    model = bench.engine.model
+    vocab = bench.engine.vocab_size
+    embed = model.get_input_embeddings()
+    rng = np.random.default_rng(0)
+
+    def step(count: int) -> None:
+        ids = torch.tensor(rng.integers(2, vocab, size=(count, length + 1)))
+        inputs = embed(ids[:, :-1]).detach().requires_grad_(True)
+        logits = model(inputs_embeds=inputs, use_cache=False).logits.float()
+        picked = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])
+        picked.sum().backward()
+
+    step(rows)  # warm-up
+    apart = _median_seconds(lambda: [step(rows) for _ in range(runs)], rounds)
+    together = _median_seconds(lambda: step(rows * runs), rounds)
+    return apart / together
+
+
 # --------------------------------------------------------- fusion-sampling
 def fusion_sampling(args: argparse.Namespace) -> None:
     from tinker import types
@@ -245,6 +306,8 @@ def fusion_sampling(args: argparse.Namespace) -> None:
             bench.set_fuse(fuse)
             phases.append(measure(bench, label, "sample", work))
         bench.set_fuse(True)
+        ceiling = decode_batching_ceiling(bench, [p.to_ints() for p in prompts], runs, group,
+                                          max_tokens, rounds=1 if args.quick else 2)
     phase_table(phases, "generated")
     fused, unfused, serial = phases
     print(f"ratio fused / one-after-another: "
@@ -253,6 +316,8 @@ def fusion_sampling(args: argparse.Namespace) -> None:
           f"{fused.tokens_per_second / unfused.tokens_per_second:.2f}x")
     print("(sampling always batches pending requests across runs, so 'fusion off, concurrent' "
           "batches too; 'one after another' is the single-tenant baseline)")
+    print(f"ceiling on this machine: plain model.generate on all runs' rows in one batch vs each "
+          f"run's rows in turn: {ceiling:.2f}x (no server, no LoRA: what batching alone buys)")
     print(f"loadavg at end: {loadavg()}", flush=True)
 
 
@@ -290,11 +355,14 @@ def fusion_training(args: argparse.Namespace) -> None:
                 label = "fused" if fuse else "fusion off"
                 phases[fuse].append(measure(bench, label, "train", all_runs))
         bench.set_fuse(True)
+        ceiling = train_batching_ceiling(bench, runs, rows, length, rounds=max(2, rounds))
     every = phases[True] + phases[False]
     phase_table(every, "trained")
     on = statistics.median(p.seconds for p in phases[True])
     off = statistics.median(p.seconds for p in phases[False])
     print(f"ratio fused / fusion off (throughput, median wall time): {off / on:.2f}x")
+    print(f"ceiling on this machine: plain forward+backward on all runs' rows in one batch vs "
+          f"each run's rows in turn: {ceiling:.2f}x (no server, no LoRA, no optimizer)")
     print(f"loadavg at end: {loadavg()}", flush=True)
 
 

@@ -92,7 +92,47 @@ class RowGroup:
     stop: int
 
 
-_ROUTING: contextvars.ContextVar[tuple[RowGroup, ...] | None] = contextvars.ContextVar(
+class Routing:
+    """The row groups of one batch, and the stacked-adapter plan every layer reuses.
+
+    With several adapters in a batch, each layer computes all of their LoRA deltas in two
+    matrix products (the adapters' A stacked along the rank, then their B), with a row-by-rank
+    mask that keeps each row's own adapter and applies its scale. Two products and one mask per
+    layer whatever the number of adapters, instead of slicing rows and adding per adapter.
+    """
+
+    def __init__(self, groups: list[RowGroup]):
+        self.groups = tuple(groups)
+        routed = [g for g in self.groups if g.adapter is not None]
+        self.adapters: list[AdapterWeights] = []
+        for group in routed:
+            if not any(group.adapter is a for a in self.adapters):
+                self.adapters.append(group.adapter)
+        self.total_rank = sum(a.spec.rank for a in self.adapters)
+        self._masks: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
+
+    def mask(self, batch: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """`[batch, total_rank]`: the adapter's scale on a row's own adapter's columns, else 0."""
+        key = (batch, device, dtype)
+        if key not in self._masks:
+            offsets, cursor = [], 0
+            for adapter in self.adapters:
+                offsets.append(cursor)
+                cursor += adapter.spec.rank
+            mask = torch.zeros(batch, self.total_rank, dtype=dtype)
+            for group in self.groups:
+                if group.adapter is None:
+                    continue
+                k = next(i for i, a in enumerate(self.adapters) if a is group.adapter)
+                first = offsets[k]
+                mask[group.start : group.stop, first : first + group.adapter.spec.rank] = (
+                    group.adapter.spec.scale
+                )
+            self._masks[key] = mask.to(device)
+        return self._masks[key]
+
+
+_ROUTING: contextvars.ContextVar[Routing | None] = contextvars.ContextVar(
     "lora_routing", default=None
 )
 
@@ -100,7 +140,7 @@ _ROUTING: contextvars.ContextVar[tuple[RowGroup, ...] | None] = contextvars.Cont
 @contextlib.contextmanager
 def routing(groups: list[RowGroup]) -> Iterator[None]:
     """Route batch rows to adapters for the forward passes inside this block."""
-    token = _ROUTING.set(tuple(groups))
+    token = _ROUTING.set(Routing(groups) if groups else None)
     try:
         yield
     finally:
@@ -129,24 +169,39 @@ class MultiLoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
-        groups = _ROUTING.get()
-        if not groups:
+        plan = _ROUTING.get()
+        if plan is None or not plan.adapters:
             return out
-        routed = [g for g in groups if g.adapter is not None and self.name in g.adapter.a]
+        routed = [g for g in plan.groups if g.adapter is not None and self.name in g.adapter.a]
         if not routed:
             return out
         batch = x.shape[0]
         if len(routed) == 1 and routed[0].start == 0 and routed[0].stop == batch:
             return out + self._delta(x, routed[0].adapter, out.dtype)
+        # Stacking computes every row against every adapter's rank: worth it while the stacked
+        # rank stays small next to the layer's input width.
+        if plan.total_rank * 2 <= self.in_features and all(self.name in a.a for a in plan.adapters):
+            return out + self._stacked_delta(x, plan, out.dtype)
+        return self._grouped(x, out, routed)
+
+    def _stacked_delta(self, x: torch.Tensor, plan: Routing, dtype: torch.dtype) -> torch.Tensor:
+        """Every row's delta through its own adapter, all adapters in two products."""
+        a = torch.cat([adapter.a[self.name] for adapter in plan.adapters])
+        b = torch.cat([adapter.b[self.name] for adapter in plan.adapters], dim=1)
+        mask = plan.mask(x.shape[0], a.device, a.dtype)
+        mask = mask.view(x.shape[0], *([1] * (x.dim() - 2)), plan.total_rank)
+        return (((x.to(a.dtype) @ a.T) * mask) @ b.T).to(dtype)
+
+    def _grouped(self, x: torch.Tensor, out: torch.Tensor, routed: list[RowGroup]) -> torch.Tensor:
+        """Per-group deltas, for batches whose adapters do not all cover this layer."""
+        batch = x.shape[0]
         if not torch.is_grad_enabled():
-            # Decoding: add each group's delta in place on its own rows (no autograd to feed).
             for group in routed:
                 rows = x[group.start : group.stop]
                 out[group.start : group.stop] += self._delta(rows, group.adapter, out.dtype)
             return out
-        # Training: one out-of-place add of the groups' deltas stacked along the batch. In-place
-        # adds on row slices would make autograd copy the whole output gradient once per group
-        # in backward (for the output head, a batch-by-vocabulary tensor each time).
+        # One out-of-place add of the deltas stacked along the batch: in-place adds on row
+        # slices would make autograd copy the whole output gradient once per group.
         pieces, cursor = [], 0
         for group in sorted(routed, key=lambda g: g.start):
             if group.start > cursor:
