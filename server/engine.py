@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.utils.checkpoint
 
 from server import losses
 from server.codec import Datum, SampledSequence, SampleResult
@@ -97,6 +98,8 @@ class EngineStats:
 
 DEFAULT_MAX_TOKENS = 256
 TOKENS_PER_MICROBATCH = 8192
+HEAD_GRAD_CHUNK = 512
+"""Positions per output-head chunk with gradients (bounds the vocabulary-wide activations)."""
 
 
 def _pad(rows: list[np.ndarray], width: int, value: float, dtype: torch.dtype) -> torch.Tensor:
@@ -249,34 +252,65 @@ class Engine:
             hidden = self._body(input_ids=tokens, attention_mask=mask, use_cache=False)
             hidden = hidden.last_hidden_state
         batch, width = tokens.shape
-        if (
-            active is not None
-            and torch.is_grad_enabled()
-            and int(active.sum()) * 2 > int(mask.sum())
-        ):
-            # Most positions carry weight: one pass with gradients is cheaper than two.
-            return self._head_logprobs(hidden, targets, groups)
-        step = max(1, 2048 // max(1, batch))
-        with torch.no_grad():
-            scored = torch.cat(
-                [
-                    self._head_logprobs(
-                        hidden[:, t : t + step].detach(), targets[:, t : t + step], groups
-                    )
-                    for t in range(0, width, step)
-                ],
-                dim=1,
-            )
-        if active is None or not torch.is_grad_enabled() or not active.any():
-            return scored
-        rows, cols = active.nonzero(as_tuple=True)  # row-major: each group's rows stay together
-        counts = active.sum(dim=1).tolist()
+        grad = active is not None and torch.is_grad_enabled() and bool(active.any())
+        if grad and int(active.sum()) * 2 > int(mask.sum()):
+            # Most positions carry weight: score every real position once, with gradients.
+            need = mask.bool()
+            scored = torch.zeros(targets.shape, dtype=torch.float32, device=self.device)
+        else:
+            need = active
+            step = max(1, 2048 // max(1, batch))
+            with torch.no_grad():
+                scored = torch.cat(
+                    [
+                        self._head_logprobs(
+                            hidden[:, t : t + step].detach(), targets[:, t : t + step], groups
+                        )
+                        for t in range(0, width, step)
+                    ],
+                    dim=1,
+                )
+            if not grad:
+                return scored
+        rows, cols = need.nonzero(as_tuple=True)  # row-major: each group's rows stay together
+        counts = need.sum(dim=1).tolist()
         offsets = [0]
         for count in counts:
             offsets.append(offsets[-1] + count)
         picked_groups = [RowGroup(g.adapter, offsets[g.start], offsets[g.stop]) for g in groups]
-        picked = self._head_logprobs(hidden[rows, cols], targets[rows, cols], picked_groups)
+        picked = self._picked_logprobs(hidden[rows, cols], targets[rows, cols], picked_groups)
         return torch.index_put(scored, (rows, cols), picked)
+
+    def _picked_logprobs(
+        self, hidden: torch.Tensor, targets: torch.Tensor, groups: list[RowGroup]
+    ) -> torch.Tensor:
+        """`_head_logprobs` with gradients for `[P, H]` positions, a chunk of them at a time.
+
+        Each chunk's vocabulary-wide logits are recomputed in backward instead of kept, so
+        memory holds one chunk's `[chunk, V]` tensors rather than every position's (for
+        Gemma's 262k vocabulary, about 1 MiB per position per tensor).
+        """
+        positions = hidden.shape[0]
+        if positions <= HEAD_GRAD_CHUNK:
+            return self._head_logprobs(hidden, targets, groups)
+        parts = []
+        for first in range(0, positions, HEAD_GRAD_CHUNK):
+            stop = min(positions, first + HEAD_GRAD_CHUNK)
+            local = [
+                RowGroup(g.adapter, max(g.start, first) - first, min(g.stop, stop) - first)
+                for g in groups
+                if g.start < stop and g.stop > first
+            ]
+            parts.append(
+                torch.utils.checkpoint.checkpoint(
+                    self._head_logprobs,
+                    hidden[first:stop],
+                    targets[first:stop],
+                    local,
+                    use_reentrant=False,
+                )
+            )
+        return torch.cat(parts)
 
     @staticmethod
     def _active_positions(
