@@ -64,6 +64,12 @@ def build_parser(prog: str = "autoresearch-server") -> argparse.ArgumentParser:
         help="cap on adapters kept in device memory; idle ones spill to disk",
     )
     parser.add_argument(
+        "--max-resident-samplers",
+        type=int,
+        default=32,
+        help="sampler snapshots kept in memory; older ones wait on disk until sampled again",
+    )
+    parser.add_argument(
         "--idle-evict-seconds",
         type=float,
         default=None,
@@ -91,6 +97,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             args.max_queued_tokens_per_key,
             args.max_resident_runs,
             args.idle_evict_seconds,
+            args.max_resident_samplers,
         ),
     )
     config.log_json = args.log_json  # type: ignore[attr-defined]

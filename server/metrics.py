@@ -94,6 +94,11 @@ class ServerMetrics:
             "Training runs whose adapter is in device memory",
             registry=r,
         )
+        self.resident_samplers = Gauge(
+            "autoresearch_resident_sampler_snapshots",
+            "Sampler snapshots whose weights are in memory (older ones wait on disk)",
+            registry=r,
+        )
         self.evictions = Counter(
             "autoresearch_evictions", "Runs evicted from device memory", registry=r
         )

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from server.lora import AdapterWeights, LoraSpec
 from server.losses import LossError
 from server.metrics import ServerMetrics
 from server.residency import Residency
+from server.sampler_cache import DEFAULT_MAX_RESIDENT, SamplerCache
 from server.scheduler import RunGone, Scheduler, Work
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,7 @@ class Limits:
     max_queued_tokens_per_key: int | None = None
     max_resident_runs: int | None = None
     idle_evict_seconds: float | None = None
+    max_resident_samplers: int | None = DEFAULT_MAX_RESIDENT
 
 
 @dataclass
@@ -101,6 +104,9 @@ class Sampler:
     base_model: str
     model_path: str | None
     adapter: AdapterWeights | None
+    """The snapshot's weights until registered; then they live in the `SamplerCache`."""
+    tuned: bool = False
+    """Whether the sampler has an adapter (else it samples the base model)."""
 
 
 def _str_metadata(meta: dict[str, Any] | None) -> dict[str, str] | None:
@@ -139,6 +145,12 @@ class TrainingService:
         self.sessions: dict[str, Session] = {}
         self.runs: dict[str, Run] = {}
         self.samplers: dict[str, Sampler] = {}
+        self.sampler_cache = SamplerCache(
+            store.root / ".spill" / "samplers",
+            engine.device,
+            self.limits.max_resident_samplers,
+            self.metrics.resident_samplers.set,
+        )
         self._lock = threading.Lock()
         self._sample_ids = itertools.count()
         self._dedup: dict[tuple[str, int], FutureRecord] = {}
@@ -492,7 +504,15 @@ class TrainingService:
             lambda rec: Work(run.run_id, "save_for_sampler", self._complete(rec), action=save),
         )
 
-    def _register_sampler(self, sampler: Sampler) -> None:
+    def _register_sampler(
+        self, sampler: Sampler, reload: Callable[[], AdapterWeights] | None = None
+    ) -> None:
+        """Make a sampler known; its weights go to the bounded snapshot cache. `reload` rebuilds
+        them after eviction (without it they are spilled to a file of their own, which a user
+        deleting a checkpoint cannot take away)."""
+        if sampler.adapter is not None:
+            self.sampler_cache.put(sampler.sampler_id, sampler.adapter, reload)
+            sampler.adapter, sampler.tuned = None, True
         with self._lock:
             self.samplers[sampler.sampler_id] = sampler
             session = self.sessions.get(sampler.sampler_id.split(":", 1)[0])
@@ -586,7 +606,7 @@ class TrainingService:
             sampler = self.samplers.get(sampler_id)
             if sampler is None or sampler.owner != owner:
                 raise NotFound(f"unknown sampling session {sampler_id!r}")
-            return sampler.adapter
+            return self.sampler_cache.get(sampler_id) if sampler.tuned else None
         if body.get("model_path"):
             path = TinkerPath.parse(body["model_path"])
             self._readable_checkpoint(owner, path)

@@ -183,13 +183,15 @@ class DistributedService(TrainingService):
         self.saves.delete(run_id)
 
     # ---------------------------------------------------------- samplers
-    def _register_sampler(self, sampler: Sampler) -> None:
+    def _register_sampler(self, sampler: Sampler, reload=None) -> None:
         """Sampling sessions outlive the process: an immutable snapshot plus a Redis record."""
-        super()._register_sampler(sampler)
         directory = None
         if sampler.adapter is not None:
             directory = write_snapshot(self.data_dir, sampler.adapter, sampler.base_model)
             self._sampler_dirs[sampler.sampler_id] = directory
+            device = self.engine.device
+            reload = lambda: load_snapshot(directory, device)  # noqa: E731
+        super()._register_sampler(sampler, reload)
         record = {"owner": sampler.owner, "base_model": sampler.base_model,
                   "model_path": sampler.model_path,
                   "snapshot": None if directory is None else str(directory)}
@@ -202,12 +204,15 @@ class DistributedService(TrainingService):
                 continue
             record = json.loads(self.redis.redis.get(key) or "{}")
             snapshot = record.get("snapshot")
-            adapter = load_snapshot(Path(snapshot), self.engine.device) if snapshot else None
+            adapter = reload = None
             if snapshot:
-                self._sampler_dirs[sampler_id] = Path(snapshot)
+                directory, device = Path(snapshot), self.engine.device
+                adapter = load_snapshot(directory, device)
+                reload = lambda d=directory, v=device: load_snapshot(d, v)  # noqa: E731
+                self._sampler_dirs[sampler_id] = directory
             TrainingService._register_sampler(self, Sampler(
                 sampler_id, record["owner"], record["base_model"], record.get("model_path"),
-                adapter))
+                adapter), reload)
 
     def _remote_samplers(self) -> bool:
         checked, alive = self._samplers_checked

@@ -314,6 +314,40 @@ def test_capped_residency_evicts_and_reloads_weights_gradients_and_adam_state_ex
     assert_bitwise_equal(got_b, want_b)
 
 
+def test_old_sampler_snapshots_wait_on_disk_and_sample_exactly_as_before(
+    tiny_model_dir, base_model, sequences, tmp_path
+):
+    """An RL loop takes a snapshot per step; only the newest few keep their weights in memory."""
+    server = start_server(tiny_model_dir, tmp_path, fuse=False,
+                          limits=Limits(max_resident_samplers=2))
+    params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=5, stop=[])
+    prompt = types.ModelInput.from_ints(sequences[0][:5])
+
+    def draw(sampler) -> list[tuple[list[int], list[float]]]:
+        result = sampler.sample(prompt, 2, params).result()
+        return [(list(q.tokens), list(q.logprobs)) for q in result.sequences]
+
+    try:
+        with _service(server) as svc:
+            run = new_run(svc, base_model, seed=41, rank=4)
+            samplers, first_draws = [], []
+            for step in range(4):
+                sft_step(run, sft_data(sequences, step % 2), lr=LEARNING_RATE)
+                samplers.append(run.save_weights_and_get_sampling_client())
+                first_draws.append(draw(samplers[-1]))
+            cache = server.service.sampler_cache
+            assert cache.resident_count() == 2 and cache.evictions == 2
+            assert len(list((tmp_path / ".spill" / "samplers").glob("*.pt"))) == 2
+            assert metric(server, "autoresearch_resident_sampler_snapshots") == 2
+            # The oldest snapshot comes back from disk and samples exactly as it did.
+            assert draw(samplers[0]) == first_draws[0]
+            assert cache.resident_count() == 2
+            assert draw(samplers[3]) == first_draws[3]
+            assert first_draws[0] != first_draws[3]  # the snapshots really differ
+    finally:
+        server.stop()
+
+
 def test_idle_runs_are_spilled_after_the_ttl_and_resume_bit_for_bit(
     solo_server, tiny_model_dir, base_model, sequences, tmp_path
 ):
