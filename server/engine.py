@@ -97,9 +97,14 @@ class EngineStats:
 
 
 DEFAULT_MAX_TOKENS = 256
-TOKENS_PER_MICROBATCH = 8192
-HEAD_GRAD_CHUNK = 512
-"""Positions per output-head chunk with gradients (bounds the vocabulary-wide activations)."""
+TOKENS_PER_MICROBATCH = {"cpu": 2048}
+"""Padded tokens per training micro-batch, by device type (default 8192). Activations kept for
+backward cost about 1 MiB per token on Gemma 3 270M, so a CPU box sharing its RAM with
+everything else gets small micro-batches; they are large enough to keep its cores busy."""
+DEFAULT_TOKENS_PER_MICROBATCH = 8192
+HEAD_CHUNK = 512
+"""Positions per output-head chunk (bounds the vocabulary-wide tensors: about 1 MiB per
+position each on Gemma's 262k vocabulary)."""
 
 
 def _pad(rows: list[np.ndarray], width: int, value: float, dtype: torch.dtype) -> torch.Tensor:
@@ -137,6 +142,9 @@ class Engine:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.stats = EngineStats()
         self.lock = threading.Lock()
+        self.tokens_per_microbatch = TOKENS_PER_MICROBATCH.get(
+            torch.device(self.device).type, DEFAULT_TOKENS_PER_MICROBATCH
+        )
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -259,7 +267,7 @@ class Engine:
             scored = torch.zeros(targets.shape, dtype=torch.float32, device=self.device)
         else:
             need = active
-            step = max(1, 2048 // max(1, batch))
+            step = max(1, HEAD_CHUNK // max(1, batch))
             with torch.no_grad():
                 scored = torch.cat(
                     [
@@ -291,11 +299,11 @@ class Engine:
         Gemma's 262k vocabulary, about 1 MiB per position per tensor).
         """
         positions = hidden.shape[0]
-        if positions <= HEAD_GRAD_CHUNK:
+        if positions <= HEAD_CHUNK:
             return self._head_logprobs(hidden, targets, groups)
         parts = []
-        for first in range(0, positions, HEAD_GRAD_CHUNK):
-            stop = min(positions, first + HEAD_GRAD_CHUNK)
+        for first in range(0, positions, HEAD_CHUNK):
+            stop = min(positions, first + HEAD_CHUNK)
             local = [
                 RowGroup(g.adapter, max(g.start, first) - first, min(g.stop, stop) - first)
                 for g in groups
@@ -356,7 +364,8 @@ class Engine:
         longest = 0
         for row in rows:
             n = len(jobs[row[0]].data[row[1]].tokens)
-            if chunks[-1] and max(longest, n) * (len(chunks[-1]) + 1) > TOKENS_PER_MICROBATCH:
+            limit = self.tokens_per_microbatch
+            if chunks[-1] and max(longest, n) * (len(chunks[-1]) + 1) > limit:
                 chunks.append([])
                 longest = 0
             chunks[-1].append(row)
