@@ -170,7 +170,8 @@ def test_a_live_study_runs_in_the_background_and_the_dashboard_reads_its_journal
     live = LiveStudy(study(), tmp_path / "study", executor=executor).start()
     dashboard = StudyDashboard(live.directory, control=live.control, live=live)
     deadline = time.monotonic() + 30
-    while (snapshot := dashboard.refresh()) is None or not snapshot.trials:
+    while (snapshot := dashboard.refresh()) is None or not any(
+            t["status"] == "running" for t in snapshot.trials):  # queued first, then running
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert live.running  # the kernel is free while the trial waits at its gate
