@@ -115,6 +115,10 @@ class TrialConfig(_Strict):
     checkpoint_every: int = Field(5, ge=1, le=100_000)
     tokenizer: str | None = None
     """Tokenizer id or path; default: what the server reports for the base model."""
+    init_checkpoint: str | None = Field(None, pattern=r"^tinker://")
+    """Start from these saved LoRA weights (a `tinker://` path; a fresh optimizer) instead of a
+    new adapter, e.g. one shared SFT warm-up that every trial of an RL study builds on. Its base
+    model and rank must match `base_model` and `lora_rank`."""
 
     @model_validator(mode="after")
     def _consistent(self) -> TrialConfig:

@@ -195,6 +195,8 @@ class Trial:
                 step=resume.step,
                 lost_steps=lost,
             )
+        elif c.init_checkpoint:
+            training = self._from_init_checkpoint(service)
         else:
             training = service.create_lora_training_client(
                 base_model=c.base_model, rank=c.lora_rank, seed=c.seed
@@ -246,6 +248,22 @@ class Trial:
         )
         self.progress({"phase": "done", "dev_accuracy": final_dev.accuracy.value})
         return self._result(entry)
+
+    def _from_init_checkpoint(self, service: tinker.ServiceClient) -> tinker.TrainingClient:
+        """A new run holding the shared starting weights; refuses a checkpoint that would make
+        the config lie about the model it trains."""
+        c = self.config
+        assert c.init_checkpoint is not None
+        rest = tinker.RestClient(base_url=self.server_url, api_key=self.api_key)
+        found = rest.get_weights_info_by_tinker_path(c.init_checkpoint).result()
+        if found.base_model != c.base_model or found.lora_rank != c.lora_rank:
+            raise ValueError(
+                f"init_checkpoint {c.init_checkpoint} holds a rank-{found.lora_rank} adapter of "
+                f"{found.base_model}; the trial declares rank {c.lora_rank} of {c.base_model}"
+            )
+        training = service.create_training_client_from_state(c.init_checkpoint).result()
+        self.record.append("event", message=f"started from {c.init_checkpoint}")
+        return training
 
     def _result(self, entry: dict[str, Any]) -> TrialResult:
         return TrialResult(

@@ -202,3 +202,47 @@ def test_a_trial_killed_mid_way_resumes_to_the_record_it_would_have_had(
     final, ref_final = resumed.final(), TrialRecord(reference).final()
     assert final["dev"]["verdicts"] == ref_final["dev"]["verdicts"]
     assert json.dumps(final["test"]["accuracy"]) == json.dumps(ref_final["test"]["accuracy"])
+
+
+def test_a_trial_can_start_from_a_shared_checkpoint(
+    sql_model_dir, sql_server, reward_pool, tmp_path
+):
+    """An RL trial built on another trial's weights starts exactly there, not from scratch."""
+    import tinker
+
+    from tests.server.server_helpers import forward_logprobs
+
+    warmup = run_trial(
+        tiny_config(sql_model_dir, rl={"steps": 0}),
+        tmp_path / "warmup",
+        sql_server.url,
+        "tml-tests",
+        pool=reward_pool,
+    )
+    built_on = tiny_config(
+        sql_model_dir,
+        sft={"steps": 0},
+        rl={"steps": 1, "prompts_per_step": 2, "group_size": 2, "max_tokens": 8,
+            "adam": {"learning_rate": 1e-12}},
+        init_checkpoint=warmup.checkpoint,
+    )
+    result = run_trial(built_on, tmp_path / "rl", sql_server.url, "tml-tests", pool=reward_pool)
+    record = TrialRecord(tmp_path / "rl")
+    assert any(e["message"] == f"started from {warmup.checkpoint}"
+               for e in record.of_type("event"))
+    assert [(s["phase"], s["step"]) for s in record.of_type("step")] == [("rl", 0)]
+
+    service = tinker.ServiceClient(base_url=sql_server.url, api_key="tml-tests")
+    probe = [supervised_datum([5, 6, 7, 8], [9, 10, 11])]
+    start = forward_logprobs(service.create_training_client_from_state(warmup.checkpoint)
+                             .result(), probe)[0]
+    after = forward_logprobs(service.create_training_client_from_state(result.checkpoint)
+                             .result(), probe)[0]
+    fresh = forward_logprobs(service.create_lora_training_client(
+        base_model=str(sql_model_dir), rank=4, seed=3).result(), probe)[0]
+    np.testing.assert_allclose(after, start, atol=1e-5)  # a negligible step from the warm-up
+    assert np.abs(start - fresh).max() > 1e-3  # ...which is not where a new adapter starts
+
+    with pytest.raises(ValueError, match="rank-4 adapter"):
+        run_trial(built_on.with_changes({"lora_rank": 8}), tmp_path / "mismatch",
+                  sql_server.url, "tml-tests", pool=reward_pool)
