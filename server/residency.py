@@ -10,19 +10,14 @@ engine thread, so a run is never moved while the engine is using it.
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Iterable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Protocol
 
-import torch
-
 from server.engine import Engine, RunState
-from server.lora import AdapterWeights, LoraSpec
 from server.metrics import ServerMetrics
+from server.spill import adapter_from_payload, adapter_payload, read_spill, spill_path, write_spill
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +95,9 @@ class Residency:
         run.spill_path = self._spill(run.run_id, run.state)
         run.state = None
         self._resident.pop(run.run_id, None)
+        self._publish()  # the gauge first: whoever sees the eviction counted sees the run gone
         self.evictions += 1
         self.metrics.evictions.inc()
-        self._publish()
         log.info("evicted run %s to %s", run.run_id, run.spill_path)
 
     def _enforce_cap(self, pinned: set[str]) -> None:
@@ -121,26 +116,17 @@ class Residency:
     def _spill(self, run_id: str, state: RunState) -> Path:
         adapter = state.adapter
         payload = {
-            "spec": asdict(adapter.spec),
-            "a": {k: v.detach().cpu() for k, v in adapter.a.items()},
-            "b": {k: v.detach().cpu() for k, v in adapter.b.items()},
+            **adapter_payload(adapter),
             "grad_a": {k: v.grad.cpu() for k, v in adapter.a.items() if v.grad is not None},
             "grad_b": {k: v.grad.cpu() for k, v in adapter.b.items() if v.grad is not None},
             "optimizer": state.optimizer.state_dict(),
             "steps": state.steps,
         }
-        safe = run_id.replace(":", "_").replace("/", "_")
-        # torch.save names the archive after the file's stem, which must not be empty.
-        fd, tmp = tempfile.mkstemp(prefix=".spill-", suffix=".tmp", dir=self.spill_dir)
-        os.close(fd)
-        torch.save(payload, tmp)
-        target = self.spill_dir / f"{safe}.pt"
-        os.replace(tmp, target)
-        return target
+        return write_spill(payload, spill_path(self.spill_dir, run_id))
 
     def _reload(self, path: Path) -> RunState:
-        payload = torch.load(path, map_location=self.engine.device, weights_only=True)
-        adapter = AdapterWeights(LoraSpec(**payload["spec"]), payload["a"], payload["b"])
+        payload = read_spill(path, self.engine.device)
+        adapter = adapter_from_payload(payload)
         state = self.engine.restore_run(adapter, payload["optimizer"])
         for name, grad in payload["grad_a"].items():
             adapter.a[name].grad = grad.to(adapter.a[name].device)

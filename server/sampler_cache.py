@@ -12,16 +12,14 @@ reloaded one samples exactly as before.
 from __future__ import annotations
 
 import collections
-import os
-import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from server.lora import AdapterWeights, LoraSpec
+from server.lora import AdapterWeights
+from server.spill import adapter_from_payload, adapter_payload, read_spill, spill_path, write_spill
 
 DEFAULT_MAX_RESIDENT = 32
 
@@ -80,21 +78,9 @@ class SamplerCache:
         if self.on_change is not None:
             self.on_change(len(self._resident))
 
-    def _path(self, sampler_id: str) -> Path:
-        return self.spill_dir / (sampler_id.replace(":", "_").replace("/", "_") + ".pt")
-
     def _spill(self, sampler_id: str, adapter: AdapterWeights) -> None:
-        self.spill_dir.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "spec": asdict(adapter.spec),
-            "a": {k: v.detach().cpu() for k, v in adapter.a.items()},
-            "b": {k: v.detach().cpu() for k, v in adapter.b.items()},
-        }
-        fd, tmp = tempfile.mkstemp(prefix=".spill-", suffix=".tmp", dir=self.spill_dir)
-        os.close(fd)
-        torch.save(payload, tmp)
-        os.replace(tmp, self._path(sampler_id))
+        write_spill(adapter_payload(adapter), spill_path(self.spill_dir, sampler_id))
 
     def _load(self, sampler_id: str) -> AdapterWeights:
-        payload = torch.load(self._path(sampler_id), map_location=self.device, weights_only=True)
-        return AdapterWeights(LoraSpec(**payload["spec"]), payload["a"], payload["b"])
+        return adapter_from_payload(read_spill(spill_path(self.spill_dir, sampler_id),
+                                               self.device))

@@ -257,18 +257,13 @@ class Scheduler:
         A client submits a group's prompts as separate requests within milliseconds of each
         other; starting on the first alone would decode the rest in a second batch.
         """
-        now = time.monotonic()
-        rows = sum(w.sample.num_samples for w in self._samples)
-        quiet = now - self._samples[-1].enqueued
-        waited = now - self._samples[0].enqueued
-        if (
-            rows < self.max_sample_rows
-            and quiet < self.sample_quiet_seconds
-            and waited < self.sample_gather_seconds
-        ):
-            self._wake_in = self.sample_quiet_seconds - quiet
-            return True
-        return False
+        return self._window(
+            first=self._samples[0].enqueued,
+            last=self._samples[-1].enqueued,
+            full=sum(w.sample.num_samples for w in self._samples) >= self.max_sample_rows,
+            quiet_seconds=self.sample_quiet_seconds,
+            gather_seconds=self.sample_gather_seconds,
+        )
 
     def _gathering_train(self, heads: list[Work]) -> bool:
         """Hold an idle engine a few milliseconds while other runs' training work arrives.
@@ -278,16 +273,23 @@ class Scheduler:
         """
         if any(h.job is None for h in heads):
             return False
+        return self._window(
+            first=min(h.enqueued for h in heads),
+            last=max(h.enqueued for h in heads),
+            full=sum(len(h.job.data) for h in heads) >= self.max_fused_rows,
+            quiet_seconds=self.train_quiet_seconds,
+            gather_seconds=self.train_gather_seconds,
+        )
+
+    def _window(
+        self, first: float, last: float, full: bool, quiet_seconds: float, gather_seconds: float
+    ) -> bool:
+        """True (and a wake-up set) while a batch is not full, its newest work arrived under
+        `quiet_seconds` ago and its oldest under `gather_seconds` ago."""
         now = time.monotonic()
-        quiet = now - max(h.enqueued for h in heads)
-        waited = now - min(h.enqueued for h in heads)
-        rows = sum(len(h.job.data) for h in heads)
-        if (
-            rows < self.max_fused_rows
-            and quiet < self.train_quiet_seconds
-            and waited < self.train_gather_seconds
-        ):
-            self._wake_in = self.train_quiet_seconds - quiet
+        quiet = now - last
+        if not full and quiet < quiet_seconds and now - first < gather_seconds:
+            self._wake_in = quiet_seconds - quiet
             return True
         return False
 
