@@ -158,9 +158,9 @@ def main() -> int:
             warm = run_trial(TrialConfig.model_validate(warmup_trial()), root / "warmup", url,
                              os.environ.get("TINKER_API_KEY") or "tml-local")
             init = warm.checkpoint
-            results.append({"warmup": init, "seconds": round(time.time() - started, 1),
-                            "dev": warm.dev and warm.dev["accuracy"]})
             dev = warm.dev["accuracy"] if warm.dev else None
+            results.append({"warmup": init, "seconds": round(time.time() - started, 1),
+                            "dev": dev})
             print(f"shared SFT warm-up: {init} ({time.time() - started:.0f}s); dev accuracy "
                   f"{dev['value']:.3f} [{dev['low']:.3f}, {dev['high']:.3f}] (n={dev['n']})"
                   if dev else f"shared SFT warm-up: {init}")
