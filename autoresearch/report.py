@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autoresearch.config import TrialConfig
-from autoresearch.decide import RULE, paired_items
+from autoresearch.decide import ErrorBudget, KeepRule, paired_items
 from autoresearch.journal import Journal
 from autoresearch.space import config_diff
 from autoresearch.stats import Estimate, paired_difference
@@ -51,6 +51,22 @@ def _paired(a: dict[str, Any] | None, b: dict[str, Any] | None, split: str) -> E
         return None
     x, y = paired_items(a[split]["verdicts"], b[split]["verdicts"])
     return paired_difference(x, y) if x else None
+
+
+def _keep_rule(spec: dict[str, Any]) -> KeepRule:
+    b = spec.get("budget") or {}
+    return KeepRule(ErrorBudget.for_study(b.get("alpha", 0.05), b.get("confirm_seeds", 0),
+                                          b.get("max_confirm_trials", 0)))
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _wins(d: dict[str, Any]) -> str:
+    if d.get("wins") is None:
+        return "-"
+    return f"{d['wins']:g}/{d['losses']:g}"
 
 
 def _fmt(value: Any) -> str:
@@ -156,15 +172,18 @@ def build(journal: Journal) -> list[Block]:
         blocks.append(Block("curves", series=series))
 
     decisions = journal.decisions()
+    rule = _keep_rule(spec)
+    blocks.append(Block("h2", "Decisions"))
+    blocks.append(Block("p", "Keep rule: " + rule.describe()))
     if decisions:
-        blocks.append(Block("h2", "Decisions"))
-        blocks.append(Block("p", "Keep rule: " + RULE))
-        blocks.append(Block("table", headers=["candidate", "against", "rule", "difference [95% CI]",
-                                              "pairs", "verdict", "note"], rows=[
+        blocks.append(Block("table", headers=[
+            "candidate", "against", "rule", "difference [95% CI]", "tasks", "seeds",
+            "wins/losses", "one-sided p", "alpha", "verdict", "note"], rows=[
             [d["candidate"], d["incumbent"] or "-", d["rule"],
              _diff(Estimate(d["difference"], d["low"], d["high"], d["n"] or 0))
-             if d["difference"] is not None else "-", str(d["n"] or "-"), d["verdict"],
-             d["note"] or ""] for d in decisions]))
+             if d["difference"] is not None else "-", str(d["n"] or "-"),
+             str(d["seeds"] or "-"), _wins(d), _num(d.get("p_value")), _num(d.get("alpha")),
+             d["verdict"], d["note"] or ""] for d in decisions]))
 
     blocks.append(Block("h2", "What the agent learned"))
     lessons = []

@@ -36,7 +36,6 @@ from autoresearch.control import (
     StudyControl,
     TrialStopped,
 )
-from autoresearch.decide import after_confirmation, first_look
 from autoresearch.executors import Executor, LocalExecutor, TrialJob
 from autoresearch.journal import Journal
 from autoresearch.proposers import Context, ProposalBatch, Proposer, make_proposer
@@ -87,6 +86,7 @@ class StudyRunner:
         self.study = study
         self.dir = Path(output_dir or study.directory())
         self.space = study.space()
+        self.rule = study.keep_rule()
         self.journal = Journal(self.dir)
         self.control = StudyControl(self.dir)
         proposer = proposer or make_proposer(study.proposer, study.seed)
@@ -130,6 +130,11 @@ class StudyRunner:
         if row["spec"] != spec:
             self.journal.set_study(spec=spec)
             self.journal.event("study", "the declaration changed on resume; the new one applies")
+        if not any(e["kind"] == "error budget" for e in self.journal.events()):
+            budget = self.rule.budget
+            self.journal.event("error budget", budget.describe(), alpha=budget.alpha,
+                               confirmations=budget.confirmations,
+                               per_confirmation=budget.per_confirmation)
         resumed = self.journal.trials()
         if resumed:
             self.journal.event("study", f"resuming with {len(resumed)} trials in the journal")
@@ -422,27 +427,30 @@ class StudyRunner:
                 self._record(candidate, None, "reference", None, "kept", note)
                 continue
             incumbent = by_id[best_id]
-            action, comparison = first_look(candidate["dev"]["verdicts"],
-                                            incumbent["dev"]["verdicts"])
-            rule, note = "paired", ""
-            if action != "discard":
+            action, test = self.rule.first_look(candidate["dev"]["verdicts"],
+                                                incumbent["dev"]["verdicts"])
+            rule, note = "first look", "behind, or not ahead enough to spend a confirmation"
+            if action == "confirm":
                 runs = self._replicates(candidate, incumbent, trials)
                 if runs is None:
                     return  # re-runs queued or still running
-                if runs == "no budget" and action == "confirm":
-                    action, note = "discard", ("inconclusive and no confirmation budget left: "
-                                               "discarded")
-                elif runs == "no budget":
-                    note = "significant on one seed; no confirmation budget left to replicate it"
+                if runs == "no budget":
+                    action, note = "discard", ("ahead on the first look, but no confirmation "
+                                               "budget left: not kept without confirmation")
+                elif not runs[0]:
+                    action, note = "discard", "every confirmation re-run crashed"
                 else:
-                    action, comparison = after_confirmation(*runs)
-                    rule = "pooled seeds"
+                    action, test = self.rule.confirm(*runs)
+                    rule = "confirmation"
+                    note = (f"fresh seeds only: one-sided p={test.p_value:.4g} vs alpha "
+                            f"{self.rule.budget.per_confirmation:.4g} per confirmation")
             verdict = "kept" if action == "keep" else "discarded"
-            self._record(candidate, incumbent, rule, comparison, verdict, note)
+            self._record(candidate, incumbent, rule, test, verdict, note)
 
     def _replicates(self, candidate: dict[str, Any], incumbent: dict[str, Any],
                     trials: list[dict[str, Any]]):
-        """Verdict lists per seed for both contenders, None while waiting, or "no budget"."""
+        """Verdicts of the fresh-seed re-runs of both contenders (never the first look's), None
+        while waiting, or "no budget". The incumbent's re-runs are reused across candidates."""
         budget = self.study.budget
         base_seed = self.space.base.seed
         seeds = [base_seed + k for k in range(1, budget.confirm_seeds + 1)]
@@ -470,19 +478,19 @@ class StudyRunner:
                     {"seed": seed})
                 rows.append(self._trial_row(
                     number, "confirm", config, contender["changes"] or {}, "keep rule",
-                    f"re-run of {contender['id']} with seed {seed}: {candidate['id']} looked "
-                    f"better than {incumbent['id']} on one seed", best_config,
+                    f"re-run of {contender['id']} with seed {seed}: {candidate['id']} was ahead "
+                    f"of {incumbent['id']} on the first look", best_config,
                     incumbent["id"], replicate_of=contender["id"]))
                 number += 1
             self.journal.add_trials(rows)
-            self.journal.event("decision", f"{candidate['id']} vs {incumbent['id']}: positive "
-                               f"on one seed; re-running both with seeds {seeds}",
+            self.journal.event("decision", f"{candidate['id']} vs {incumbent['id']}: ahead on "
+                               f"the first look; confirming on fresh seeds {seeds}",
                                candidate["id"], queued=[r["id"] for r in rows])
             return None
         if any(t["status"] in ACTIVE for t in found.values()):
             return None
-        cand_runs = [candidate["dev"]["verdicts"]]
-        inc_runs = [incumbent["dev"]["verdicts"]]
+        cand_runs: list[dict[str, bool]] = []
+        inc_runs: list[dict[str, bool]] = []
         for seed in seeds:
             a, b = found[(candidate["id"], seed)], found[(incumbent["id"], seed)]
             if a["dev"] and b["dev"]:  # a crashed re-run drops its seed from both sides
@@ -493,12 +501,15 @@ class StudyRunner:
     def _record(self, candidate: dict[str, Any], incumbent: dict[str, Any] | None, rule: str,
                 comparison: Any, verdict: str, note: str) -> None:
         diff = comparison.as_dict() if comparison is not None else {}
+        alpha = self.rule.budget.per_confirmation if rule == "confirmation" else None
         decision = {"verdict": verdict, "rule": rule, "against": incumbent and incumbent["id"],
-                    **diff, "note": note}
+                    **diff, "alpha": alpha, "note": note}
         self.journal.add_decision(
             {"candidate": candidate["id"], "incumbent": incumbent and incumbent["id"],
              "rule": rule, "difference": diff.get("value"), "low": diff.get("low"),
              "high": diff.get("high"), "n": diff.get("n"), "seeds": diff.get("seeds"),
+             "wins": diff.get("wins"), "losses": diff.get("losses"),
+             "p_value": diff.get("p_value"), "alpha": alpha,
              "verdict": verdict, "note": note},
             {candidate["id"]: {"status": verdict, "decision": decision}},
             best_trial=candidate["id"] if verdict == "kept" else None)
