@@ -199,7 +199,7 @@ def paired_exact_test(candidate: Outcomes | Sequence[Outcomes],
 
 
 def paired_bootstrap(a: Sequence[float], b: Sequence[float], alpha: float = 0.05,
-                     seed: int = 0, resamples: int = 4999) -> Estimate:
+                     seed: int = 0, resamples: int = 1999) -> Estimate:
     """Mean of a - b with a bootstrap interval that resamples tasks (scipy, BCa)."""
     if len(a) != len(b):
         raise ValueError("paired samples must have the same length")
