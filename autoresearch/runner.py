@@ -112,6 +112,7 @@ class StudyRunner:
             if not isinstance(executor, ControlledExecutor):
                 executor = ControlledExecutor(executor, self.control)
             self._loop(executor)
+            self._final_test(executor)
         self.journal.set_study(state="finished")
         self.journal.event("study", "study finished")
         report = write_report(self.dir)
@@ -325,7 +326,9 @@ class StudyRunner:
                    proposer: str, rationale: str, best_config: TrialConfig,
                    best_id: str | None, replicate_of: str | None = None) -> dict[str, Any]:
         trial_id = f"t{number:04d}"
-        config = config.with_changes({"name": f"{self.study.name}-{trial_id}"})
+        # Trials read the dev split only; the test split is read once, by `_final_test`.
+        config = config.with_changes({"name": f"{self.study.name}-{trial_id}",
+                                      "eval.test_tasks": 0, "eval.baseline": False})
         return {
             "id": trial_id, "number": number, "role": role, "status": "queued",
             "proposer": proposer, "rationale": rationale, "changes": changes,
@@ -403,6 +406,42 @@ class StudyRunner:
         log.info("trial %s done: dev accuracy %s", trial_id, acc.get("value"))
         self._trace_trial(trial_id, row["config"], row["rationale"], acc, result.steps,
                           result.tokens, result.wall_seconds)
+
+    # ---------------------------------------------------------- final test
+    def _final_test(self, executor: Executor) -> None:
+        """Read the test split once: the final best and the base config (baseline trial), each
+        evaluated from its checkpoint on the same test tasks. A resumed study reads it only for
+        a contender whose test result is not journaled yet."""
+        tasks = self.study.base_trial.eval.test_tasks
+        best_id = self.journal.study()["best_trial"]
+        if not tasks or best_id is None:
+            return
+        trials = self.journal.trials()
+        baseline = next((t for t in trials if t["role"] == "baseline"), None)
+        contenders = [self.journal.trial(best_id)]
+        if baseline is not None and baseline["id"] != best_id and baseline.get("checkpoint"):
+            contenders.append(baseline)
+        for row in contenders:
+            if row.get("test") or not row.get("checkpoint"):
+                continue
+            config = TrialConfig.model_validate(row["config"]).with_changes({
+                "name": f"{row['config']['name']}-test", "init_checkpoint": row["checkpoint"],
+                "sft.steps": 0, "rl.steps": 0, "eval.every": 0, "eval.dev_tasks": 0,
+                "eval.test_tasks": tasks, "eval.baseline": False})
+            job = TrialJob(f"{row['id']}-test", config,
+                           (self.dir / "final-test" / row["id"]).resolve())
+            try:
+                result = _run_exclusively(executor, job, lambda entry: None)
+            except Exception as exc:  # noqa: BLE001 - a failed check is reported, not fatal
+                self.journal.event("test", f"final test check of {row['id']} failed: "
+                                   f"{type(exc).__name__}: {exc}", row["id"])
+                return
+            acc = (result.test or {}).get("accuracy") or {}
+            self.journal.update_trial(
+                row["id"], test=result.test, test_accuracy=acc.get("value"),
+                test_low=acc.get("low"), test_high=acc.get("high"), test_n=acc.get("n"))
+            self.journal.event("test", f"test split read once for {row['id']}: accuracy "
+                               f"{acc.get('value')} on {acc.get('n')} tasks", row["id"])
 
     # ----------------------------------------------------------- deciding
     def _decide(self) -> None:

@@ -252,7 +252,7 @@ class Trial:
             self._eval(sampler, tokenizer, test, "test", stage="sft")
         rl_start = resume.step if resume is not None and resume.phase == "rl" else 0
         reference = None
-        if c.rl.kl_coef > 0:
+        if c.rl.kl_coef > 0 and c.rl.steps:
             reference = service.create_sampling_client(base_model=c.base_model).result()
         for step in range(rl_start, c.rl.steps):
             if c.rl.max_train_tokens is not None and tokens >= c.rl.max_train_tokens:
@@ -266,7 +266,7 @@ class Trial:
                 sampler = training.save_weights_and_get_sampling_client().result()
                 self._eval(sampler, tokenizer, dev, "dev", stage=f"rl-{step + 1}")
         sampler = training.save_weights_and_get_sampling_client().result()
-        final_dev = self._eval(sampler, tokenizer, dev, "dev", stage="final")
+        final_dev = self._eval(sampler, tokenizer, dev, "dev", stage="final") if dev else None
         final_test = self._eval(sampler, tokenizer, test, "test", stage="final") if test else None
         checkpoint = training.save_state("final").result().path
         entries = self.record.entries()
@@ -274,7 +274,7 @@ class Trial:
         elapsed = time.time() - min(first, started)  # wall time since the trial first started
         entry = self.record.append(
             "final",
-            dev=final_dev.summary(),
+            dev=final_dev.summary() if final_dev else None,
             test=final_test.summary() if final_test else None,
             steps=c.sft.steps + c.rl.steps,
             tokens=tokens,
@@ -282,7 +282,9 @@ class Trial:
             checkpoint=checkpoint,
             model_id=training.model_id,
         )
-        self.progress({"phase": "done", "dev_accuracy": final_dev.accuracy.value})
+        self.progress(
+            {"phase": "done", "dev_accuracy": final_dev.accuracy.value if final_dev else None}
+        )
         return self._result(entry)
 
     def _from_init_checkpoint(self, service: tinker.ServiceClient) -> tinker.TrainingClient:

@@ -121,3 +121,27 @@ def test_a_clearly_better_config_is_kept_after_confirmation(tmp_path: Path):
     final = journal.decisions()[-1]
     assert final["rule"] == "confirmation" and final["verdict"] == "kept"
     assert final["p_value"] <= final["alpha"] == 0.025
+
+
+def test_trials_read_dev_only_and_the_study_reads_test_once_for_best_and_baseline(
+        tmp_path: Path):
+    study = Study(name="once", search_space={"rl.adam.learning_rate": {
+        "choices": [5e-5, 2e-4]}},
+        budget={"max_trials": 2, "confirm_seeds": 2, "max_confirm_trials": 4})
+
+    def quality(config: TrialConfig) -> float:
+        return 0.7 if config.rl.adam.learning_rate == 2e-4 else 0.3
+
+    executor = SyntheticExecutor(quality, tasks=96)
+    outcome = run_study(study, tmp_path, executor=executor)
+    journal = Journal(tmp_path, read_only=True)
+    trials = journal.trials()
+    assert all(t["config"]["eval"]["test_tasks"] == 0 for t in trials)
+    with_test = sorted(t["id"] for t in trials if t["test"] is not None)
+    assert with_test == sorted([outcome.best["id"], outcome.baseline["id"]])
+    assert [c for c in executor.calls if c.endswith("-test")] == [
+        f"{outcome.best['id']}-test", f"{outcome.baseline['id']}-test"]
+    assert outcome.best["test_n"] == 96
+    # A resumed (already finished) study does not read the test split again.
+    run_study(study, tmp_path, executor=executor)
+    assert len([c for c in executor.calls if c.endswith("-test")]) == 2
