@@ -129,7 +129,9 @@ def build(journal: Journal) -> list[Block]:
                                 f"execution accuracy relative to the baseline "
                                 f"({_diff(test_gain)}, n={test_gain.n})."))
         base_cfg = TrialConfig.model_validate(spec["base_trial"])
-        best_cfg = TrialConfig.model_validate(best["config"])
+        best_cfg = TrialConfig.model_validate(best["config"]).with_changes({
+            # trials of a study read dev only; shown as a standalone trial would run it
+            "eval.test_tasks": base_cfg.eval.test_tasks, "eval.baseline": base_cfg.eval.baseline})
         diff = config_diff(best_cfg, base_cfg)
         blocks.append(Block("h2", "Best config"))
         if diff:

@@ -326,9 +326,8 @@ class StudyRunner:
                    proposer: str, rationale: str, best_config: TrialConfig,
                    best_id: str | None, replicate_of: str | None = None) -> dict[str, Any]:
         trial_id = f"t{number:04d}"
-        # Trials read the dev split only; the test split is read once, by `_final_test`.
-        config = config.with_changes({"name": f"{self.study.name}-{trial_id}",
-                                      "eval.test_tasks": 0, "eval.baseline": False})
+        config = dev_only(config).with_changes({"name": f"{self.study.name}-{trial_id}"})
+        best_config = dev_only(best_config)
         return {
             "id": trial_id, "number": number, "role": role, "status": "queued",
             "proposer": proposer, "rationale": rationale, "changes": changes,
@@ -479,10 +478,13 @@ class StudyRunner:
                 elif not runs[0]:
                     action, note = "discard", "every confirmation re-run crashed"
                 else:
+                    first = test
                     action, test = self.rule.confirm(*runs)
                     rule = "confirmation"
                     note = (f"fresh seeds only: one-sided p={test.p_value:.4g} vs alpha "
-                            f"{self.rule.budget.per_confirmation:.4g} per confirmation")
+                            f"{self.rule.budget.per_confirmation:.4g} per confirmation; the "
+                            f"selecting first look was {first.difference.value:+.3f} "
+                            f"({first.wins:g} wins, {first.losses:g} losses)")
             verdict = "kept" if action == "keep" else "discarded"
             self._record(candidate, incumbent, rule, test, verdict, note)
 
@@ -555,6 +557,11 @@ class StudyRunner:
         log.info("decision on %s: %s (%s)", candidate["id"], verdict,
                  f"{diff.get('value', 0):+.3f} [{diff.get('low', 0):+.3f}, "
                  f"{diff.get('high', 0):+.3f}]" if diff else note)
+
+
+def dev_only(config: TrialConfig) -> TrialConfig:
+    """A study's trials read the dev split only; the test split is read once, by the study."""
+    return config.with_changes({"eval.test_tasks": 0, "eval.baseline": False})
 
 
 def _trial_summary(trial_id: str, config: dict[str, Any], rationale: str,
