@@ -46,10 +46,12 @@ class ErrorBudget:
 
     @classmethod
     def for_study(cls, alpha: float, confirm_seeds: int, max_confirm_trials: int) -> ErrorBudget:
-        """Each confirmation re-runs the candidate with `confirm_seeds` new seeds (the
-        incumbent's re-runs may be reused), so at most max_confirm_trials // confirm_seeds."""
-        most = max_confirm_trials // confirm_seeds if confirm_seeds else 0
-        return cls(alpha, most)
+        """The first confirmation re-runs both contenders (2 * confirm_seeds trials); later
+        ones at least the candidate (the best's re-runs are reused, and a kept candidate's
+        confirmation runs are the re-runs of the new best)."""
+        if not confirm_seeds or max_confirm_trials < 2 * confirm_seeds:
+            return cls(alpha, 0)
+        return cls(alpha, 1 + (max_confirm_trials - 2 * confirm_seeds) // confirm_seeds)
 
     @property
     def per_confirmation(self) -> float:
@@ -69,9 +71,10 @@ class ErrorBudget:
 @dataclass(frozen=True)
 class KeepRule:
     budget: ErrorBudget = ErrorBudget()
-    select_p: float = 0.5
+    select_p: float = 0.2
     """A first look sends a candidate to confirmation when it is ahead with one-sided exact
-    McNemar p at most this (0.5: ahead at all)."""
+    McNemar p at most this (0.5: ahead at all). Selecting harder spends the confirmation budget
+    on likelier winners (measured by bench/bench_keep_rule.py); it costs no error budget."""
 
     def first_look(self, candidate: Verdicts, incumbent: Verdicts) -> tuple[Action, PairedTest]:
         """One seed each: "confirm" (promising) or "discard". Never "keep"."""
@@ -94,7 +97,8 @@ class KeepRule:
     def describe(self) -> str:
         return (
             "The first look (one seed each, paired per dev task) only selects: a candidate "
-            "ahead of the best is re-run, with the best, on fresh seeds. It is kept only if "
+            f"ahead of the best (one-sided exact McNemar p <= {self.select_p:g}) is re-run, with "
+            "the best, on fresh seeds. It is kept only if "
             "those re-runs alone (per-task outcomes averaged over seeds; exact one-sided "
             "McNemar / sign-flip test) favour it at the per-confirmation alpha. Without "
             "confirmation budget nothing is kept. " + self.budget.describe() + " Intervals "

@@ -467,7 +467,7 @@ class StudyRunner:
             incumbent = by_id[best_id]
             action, test = self.rule.first_look(candidate["dev"]["verdicts"],
                                                 incumbent["dev"]["verdicts"])
-            rule, note = "first look", "behind, or not ahead enough to spend a confirmation"
+            rule, note = "first look", "not ahead enough on the first look to confirm"
             if action == "confirm":
                 runs = self._replicates(candidate, incumbent, trials)
                 if runs is None:

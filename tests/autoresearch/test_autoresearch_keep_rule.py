@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from autoresearch.config import TrialConfig
 from autoresearch.decide import ErrorBudget, KeepRule
 from autoresearch.journal import Journal
@@ -56,8 +58,11 @@ def test_without_confirmation_budget_nothing_is_kept():
 
 def test_the_error_budget_is_split_over_the_confirmations_the_study_can_run():
     budget = ErrorBudget.for_study(0.05, confirm_seeds=2, max_confirm_trials=8)
-    assert budget.confirmations == 4 and budget.per_confirmation == 0.0125
-    assert "0.0125" in budget.describe()
+    # The first confirmation re-runs both contenders (4 trials), later ones the candidate (2).
+    assert budget.confirmations == 3 and budget.per_confirmation == pytest.approx(0.05 / 3)
+    assert "0.01667" in budget.describe()
+    assert ErrorBudget.for_study(0.05, 2, 4).confirmations == 1
+    assert ErrorBudget.for_study(0.05, 2, 3).confirmations == 0
 
 
 def test_a_seed_noise_difference_is_not_kept():
@@ -71,7 +76,7 @@ def test_a_seed_noise_difference_is_not_kept():
         confirmed += RULE.first_look(cand[0], inc[0])[0] == "confirm"
         kept += _full_rule(seeds, 0.5, 0.5) == "keep"
     assert naive > 80
-    assert confirmed > 60  # many noise differences look promising on one seed...
+    assert confirmed > 15  # some noise differences look promising on one seed...
     assert kept <= 6  # ...the rule keeps about alpha/2 = 2.5% of them (3% allowed)
 
 
@@ -99,10 +104,11 @@ def test_a_study_of_seed_noise_keeps_only_the_baseline_and_says_why(tmp_path: Pa
         assert all(t["replicate_of"] for t in confirms) and confirmations
         assert len(confirms) <= 8
     for d in confirmations:  # decided on the fresh seeds alone, at the budgeted alpha
-        assert d["seeds"] == 2 and d["alpha"] == 0.0125 and d["p_value"] is not None
+        assert d["seeds"] == 2 and d["alpha"] == pytest.approx(0.05 / 3)
+        assert d["p_value"] is not None
     assert all(d["verdict"] == "discarded" for d in decisions if d["candidate"] != "t0001")
     budget_events = [e for e in journal.events() if e["kind"] == "error budget"]
-    assert len(budget_events) == 1 and "0.0125" in budget_events[0]["message"]
+    assert len(budget_events) == 1 and "0.01667" in budget_events[0]["message"]
     report = outcome.report.read_text()
     assert "Keep rule:" in report and "Error budget: alpha 0.05" in report
 
@@ -120,7 +126,7 @@ def test_a_clearly_better_config_is_kept_after_confirmation(tmp_path: Path):
     assert outcome.best["role"] == "explore"
     final = journal.decisions()[-1]
     assert final["rule"] == "confirmation" and final["verdict"] == "kept"
-    assert final["p_value"] <= final["alpha"] == 0.025
+    assert final["p_value"] <= final["alpha"] == 0.05  # one confirmation fits the budget
 
 
 def test_trials_read_dev_only_and_the_study_reads_test_once_for_best_and_baseline(

@@ -72,7 +72,7 @@ def test_a_promising_candidate_is_re_run_with_new_seeds_before_it_is_kept(tmp_pa
     # Decided on the fresh seeds alone: tasks stay tasks, seeds are averaged per task.
     assert decision["candidate"] == "t0002" and decision["rule"] == "confirmation"
     assert decision["seeds"] == 2 and decision["n"] == 64
-    assert decision["p_value"] <= decision["alpha"] == 0.025
+    assert decision["p_value"] <= decision["alpha"] == 0.05  # one confirmation fits the budget
     assert outcome.best["id"] == "t0002" and trials["t0002"]["status"] == "kept"
     assert len(executor.calls) == len(set(executor.calls)) == 6 + 2  # + the final test check
 
@@ -83,8 +83,10 @@ def test_without_confirmation_budget_an_inconclusive_candidate_is_discarded(tmp_
     run_study(study, tmp_path, executor=SyntheticExecutor(lambda c: 0.5))
     journal = Journal(tmp_path, read_only=True)
     assert not [t for t in journal.trials() if t["role"] == "confirm"]
-    notes = [d["note"] for d in journal.decisions() if d["difference"] and d["difference"] > 0]
-    assert all("no confirmation budget" in n for n in notes)
+    ahead = [d for d in journal.decisions() if d["difference"] and d["difference"] > 0]
+    assert all(d["verdict"] == "discarded" for d in ahead)
+    assert all("no confirmation budget" in d["note"] or "not ahead enough" in d["note"]
+               for d in ahead)
 
 
 class Interrupting(SyntheticExecutor):
