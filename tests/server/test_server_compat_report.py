@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import tinker
 
-from server import compat_probes, compat_report
 from tests.server.server_helpers import API_KEY
+from tools import compat_probes, compat_report
 from tools.compat_report import Status
 
 SUPPORTED_FLOOR = 80
