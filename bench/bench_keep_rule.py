@@ -1,9 +1,9 @@
 """The keep rule's error rates: simulated studies, old rule beside new rule, in one run.
 
 Each simulated study has a baseline and several candidates, scored on a fixed set of dev tasks,
-and spends a confirmation budget as `autoresearch.runner` does (candidates decided in order; a
+and spends a confirmation budget as `autoresearch.study.runner` does (candidates decided in order; a
 promising one and the best are re-run with fresh seeds; the best's re-runs are reused). The NEW
-rule is the product's own `KeepRule` (built by `Study.keep_rule()` from the study budget); the
+rule is the product's own `KeepRule` (built by `keep_rule_for` from the study budget); the
 OLD rule is the one it replaced, kept here as the baseline: a normal (Wald) interval on paired
 differences, seeds pooled as if they were new tasks, the selecting look pooled into the
 confirmation, and a significant single look kept when no budget is left.
@@ -38,7 +38,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "datasets")]
 
-from autoresearch.study import Study  # noqa: E402
+from autoresearch.study.decisions import keep_rule_for  # noqa: E402
+from autoresearch.study.spec import Study  # noqa: E402
 
 Z95 = 1.959963984540054
 SIGMA_TASK, SIGMA_INTERACTION, SIGMA_SEED = 1.5, 0.5, 0.1
@@ -89,7 +90,7 @@ class World:
 # ------------------------------------------------------------------ the rules
 def new_study(world: World, candidates: int, study: Study) -> int:
     """The product's keep rule, spending the budget as the study runner does."""
-    rule, budget = study.keep_rule(), study.budget
+    rule, budget = keep_rule_for(study.budget), study.budget
     seeds = list(range(1, budget.confirm_seeds + 1))
     best, spent = 0, 0
     for cand in range(1, candidates + 1):
@@ -172,7 +173,7 @@ def main() -> None:
     study = Study(name="bench", budget={"max_trials": args.candidates + 1,
                                         "confirm_seeds": args.confirm_seeds,
                                         "max_confirm_trials": args.max_confirm_trials})
-    rule = study.keep_rule()
+    rule = keep_rule_for(study.budget)
     print(f"{args.studies} simulated studies per cell; baseline + {args.candidates} candidates; "
           f"base dev accuracy {args.base}; confirm_seeds={args.confirm_seeds}, "
           f"max_confirm_trials={args.max_confirm_trials}")

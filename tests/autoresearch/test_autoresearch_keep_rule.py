@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from autoresearch.config import TrialConfig
-from autoresearch.decide import ErrorBudget, KeepRule
-from autoresearch.journal import Journal
-from autoresearch.runner import run_study
-from autoresearch.study import Study
+from autoresearch.rl.config import TrialConfig
+from autoresearch.study.decisions import ErrorBudget, KeepRule
+from autoresearch.study.journal import Journal
+from autoresearch.study.runner import run_study
+from autoresearch.study.spec import Study
 from tests.autoresearch.study_helpers import SyntheticExecutor, draw
 
 BASE = TrialConfig()

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from autoresearch.stats import (
+from autoresearch.evaluation.stats import (
     PairedTable,
     mcnemar_exact,
     newcombe_paired,
