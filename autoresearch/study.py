@@ -143,11 +143,12 @@ class Study(_Strict):
         return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
 
     # ------------------------------------------------------------ running
-    def run(self, output_dir: str | Path | None = None) -> StudyOutcome:
-        """Run the study to the end of its budget (resuming it if its journal exists)."""
+    def run(self, output_dir: str | Path | None = None, progress=None) -> StudyOutcome:
+        """Run the study to the end of its budget (resuming it if its journal exists);
+        `progress(trial_id, state)` hears where every running trial is."""
         from autoresearch.runner import run_study
 
-        return run_study(self, output_dir)
+        return run_study(self, output_dir, progress=progress)
 
     def resume(self, output_dir: str | Path | None = None) -> StudyOutcome:
         return self.run(output_dir)
