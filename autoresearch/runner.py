@@ -382,12 +382,12 @@ class StudyRunner:
         now = time.time()
         if row["status"] == "running":
             self.journal.event("trial", "re-attaching to the trial (resumed study)", row["id"])
-        self.journal.update_trial(row["id"], status="running", started=row.get("started") or now,
-                                  attempts=(row.get("attempts") or 0) + 1)
         job = TrialJob(row["id"], TrialConfig.model_validate(row["config"]),
                        (self.dir / row["directory"]).resolve())
         tracker = self._trackers[row["id"]] = ProgressTracker(job.config)
-        self.journal.update_trial(row["id"], progress=tracker.state)
+        self.journal.update_trial(row["id"], status="running", started=row.get("started") or now,
+                                  attempts=(row.get("attempts") or 0) + 1,
+                                  progress=dict(tracker.state))
         self._progress(row["id"], dict(tracker.state))
         log.info("running %s", row["id"])
         return threads.submit(_run_exclusively, executor, job, self._step_sink(row["id"]))
