@@ -53,16 +53,15 @@ class ProgressTracker:
                                 ("loss", "loss_per_token")):
                 if event.get(source) is not None:
                     s[key] = float(event[source])
-            if self._since is None:  # time from the first step this process saw
-                self._since = (now, s["step"] - 1)
+            if self._since is None:  # the pace is timed from the first step this process saw
+                self._since = (now, s["step"])
             start, base = self._since
-            if s["step"] > base:
-                per_step = (now - start) / (s["step"] - base) if s["step"] - base > 1 else None
-                if per_step is None and event.get("seconds") is not None:
-                    seconds = event["seconds"]
-                    per_step = sum(seconds.values()) if isinstance(seconds, dict) else seconds
-                if per_step is not None:
-                    s["eta_seconds"] = round(per_step * (s["total"] - s["step"]), 1)
+            per_step = (now - start) / (s["step"] - base) if s["step"] > base else None
+            if per_step is None and event.get("seconds") is not None:
+                seconds = event["seconds"]  # the first step: its own duration
+                per_step = sum(seconds.values()) if isinstance(seconds, dict) else seconds
+            if per_step is not None:
+                s["eta_seconds"] = round(per_step * (s["total"] - s["step"]), 1)
         elif kind == "eval_start":
             s.update(phase="eval", eval=f"{event.get('stage')} on {event.get('split')}")
         elif phase == "eval" and event.get("accuracy") is not None:
@@ -134,6 +133,7 @@ class StudyProgress:
         self.tty = self.stream.isatty() if tty is None else tty
         self.interval = interval
         self._bars: dict[str, Any] = {}
+        self._slots: dict[str, int] = {}  # trial -> terminal line of its bar
         self._printed: dict[str, tuple[float, str]] = {}
         self._lock = threading.Lock()
 
@@ -153,7 +153,8 @@ class StudyProgress:
     def _bar(self, trial_id: str, state: dict[str, Any]) -> None:
         bar = self._bars.get(trial_id)
         if bar is None:
-            slot = min(set(range(len(self._bars) + 1)) - {b.pos for b in self._bars.values()})
+            slot = min(set(range(len(self._bars) + 1)) - set(self._slots.values()))
+            self._slots[trial_id] = slot
             bar = tqdm(total=state.get("total") or None, desc=trial_id, position=slot,
                        file=self.stream, leave=False, dynamic_ncols=True,
                        bar_format="{desc} {bar:12} {postfix}")
@@ -163,6 +164,7 @@ class StudyProgress:
 
     def _finish(self, trial_id: str, state: dict[str, Any]) -> None:
         bar = self._bars.pop(trial_id, None)
+        self._slots.pop(trial_id, None)
         if bar is not None:
             bar.close()
         self._printed.pop(trial_id, None)
@@ -184,6 +186,7 @@ class StudyProgress:
             for bar in self._bars.values():
                 bar.close()
             self._bars.clear()
+            self._slots.clear()
 
 
 class TrialProgress:
