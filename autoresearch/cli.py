@@ -106,14 +106,14 @@ def _quiet_after_stop(signum, frame) -> None:  # noqa: ARG001
 def _interrupted_line(directory: Path) -> str:
     """One line: where the unfinished trials stopped and how to go on."""
     from autoresearch.live import read_snapshot
-    from autoresearch.progress import describe
+    from autoresearch.progress import where
 
     snapshot = read_snapshot(directory)
     stopped = [] if snapshot is None else [
-        f"{t['id']} at {describe(t.get('progress')).split(', ')[1]}" for t in snapshot.trials
+        f"{t['id']} stopped in {where(t.get('progress'))}" for t in snapshot.trials
         if t["status"] == "stopped" and (t.get("progress") or {}).get("interrupted")]
-    where = f" ({'; '.join(stopped)} stopped)" if stopped else ""
-    return (f"study interrupted{where}; continue it with `autoresearch resume {directory}`")
+    detail = f": {'; '.join(stopped)}" if stopped else ""
+    return f"study interrupted{detail}; continue it with `autoresearch resume {directory}`"
 
 
 def _run_unattended(start, directory: Path) -> int:

@@ -9,6 +9,7 @@ plain lines when the output is a file or a pipe); `TrialProgress` does the same 
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -75,7 +76,10 @@ class ProgressTracker:
         return dict(s)
 
     def end(self, status: str, **extra: Any) -> dict[str, Any]:
-        """The state a finished, stopped or crashed trial keeps (its last step stays)."""
+        """The state a finished, stopped or crashed trial keeps (its last step stays, and for an
+        unfinished one the phase it was in)."""
+        if status != "done" and self.state["phase"] not in ("done", "stopped", "crashed"):
+            self.state["stopped_in"] = describe(self.state).split(", ")[0]
         self.state.update(phase=status, updated=self.clock(), **extra)
         if status != "done":
             self.state["eta_seconds"] = None
@@ -103,6 +107,8 @@ def describe(state: dict[str, Any] | None, now: float | None = None) -> str:
         parts[0] += f" {state['phase_step']}/{state['phase_total']}"
     elif phase == "eval" and state.get("eval"):
         parts[0] += f" ({state['eval']})"
+    elif phase in ("stopped", "crashed") and state.get("stopped_in"):
+        parts[0] += f" in {state['stopped_in']}"
     parts.append(f"step {state.get('step', 0)}/{state.get('total', 0)}")
     if state.get("reward") is not None:
         parts.append(f"reward {state['reward']:.3f}")
@@ -118,6 +124,27 @@ def describe(state: dict[str, Any] | None, now: float | None = None) -> str:
     if now is not None and state.get("updated"):
         parts.append(f"(updated {duration(max(0.0, now - state['updated']))} ago)")
     return ", ".join(parts)
+
+
+def _terminal_width(stream: TextIO) -> int | None:
+    """None where the terminal reports its size (the bars follow it), else a fixed 120 columns:
+    a terminal that says 0x0 (some pseudo-terminals) would otherwise get no bars at all."""
+    try:
+        if os.get_terminal_size(stream.fileno()).columns > 0:
+            return None
+    except (AttributeError, OSError, ValueError):
+        pass
+    return 120
+
+
+def where(state: dict[str, Any] | None) -> str:
+    """Where a trial is or stopped, shortly: "RL 2/4, step 5/7"."""
+    if not state:
+        return "before its first step"
+    step = f"step {state.get('step', 0)}/{state.get('total', 0)}"
+    if state.get("phase") in ("stopped", "crashed", "done"):
+        return f"{state['stopped_in']}, {step}" if state.get("stopped_in") else step
+    return f"{describe(state).split(', ')[0]}, {step}"
 
 
 class StudyProgress:
@@ -155,12 +182,15 @@ class StudyProgress:
         if bar is None:
             slot = min(set(range(len(self._bars) + 1)) - set(self._slots.values()))
             self._slots[trial_id] = slot
+            width = _terminal_width(self.stream)
             bar = tqdm(total=state.get("total") or None, desc=trial_id, position=slot,
-                       file=self.stream, leave=False, dynamic_ncols=True,
-                       bar_format="{desc} {bar:12} {postfix}")
+                       file=self.stream, leave=False, dynamic_ncols=width is None,
+                       ncols=width, nrows=None if width is None else 50, unit=describe(state),
+                       bar_format="{desc} |{bar:12}| {unit}")
             self._bars[trial_id] = bar
         bar.n = state.get("step", 0)
-        bar.set_postfix_str(describe(state), refresh=True)
+        bar.unit = describe(state)  # shown through "{unit}": a postfix would start with ", "
+        bar.refresh()
 
     def _finish(self, trial_id: str, state: dict[str, Any]) -> None:
         bar = self._bars.pop(trial_id, None)

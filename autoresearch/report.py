@@ -18,7 +18,7 @@ from autoresearch.config import TrialConfig
 from autoresearch.decide import RULE, paired_items
 from autoresearch.decision_text import decision_text
 from autoresearch.journal import Journal
-from autoresearch.progress import describe
+from autoresearch.progress import describe, where
 from autoresearch.space import config_diff
 from autoresearch.stats import Estimate, paired_difference
 
@@ -147,7 +147,7 @@ def build(journal: Journal) -> list[Block]:
         gain = _paired(t, baseline, "dev") if baseline and t is not baseline else None
         status = t["status"]
         if status not in FINISHED and t.get("progress"):
-            status += f" ({describe(t['progress']).split(', ')[1]})"
+            status += f" ({where(t['progress'])})"
         rows.append([str(rank), t["id"], status, _acc(t), _diff(gain),
                      str(t["steps"] or "-"), str(t["tokens"] or "-"),
                      f"{t['wall_seconds']:.0f}" if t["wall_seconds"] else "-", t["proposer"],
@@ -203,7 +203,7 @@ def build(journal: Journal) -> list[Block]:
             lessons.append(f"Crashed ({t['id']}, {_changes(t)}): {last[0]}")
         elif t["status"] == "stopped" and (t.get("progress") or {}).get("interrupted"):
             lessons.append(f"No verdict: interrupted before it finished ({t['id']}, "
-                           f"{_changes(t)}; {describe(t['progress']).split(', ')[1]})")
+                           f"{_changes(t)}; {where(t['progress'])})")
         elif t["status"] == "stopped":
             lessons.append(f"No verdict: stopped on request before it finished ({t['id']}, "
                            f"{_changes(t)})")

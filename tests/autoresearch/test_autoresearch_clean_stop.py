@@ -80,7 +80,7 @@ def _assert_clean_interruption(code: int, output: str, directory: Path) -> None:
     stopped = [t for t in unfinished if t["status"] == "stopped"]
     assert stopped and all(t["progress"]["interrupted"] for t in stopped)
     assert any(t["progress"]["step"] >= 1 for t in stopped)
-    assert any(f"{t['id']} at step" in lines[-1] for t in stopped)
+    assert any(f"{t['id']} stopped in " in lines[-1] for t in stopped)
 
 
 @pytest.fixture(scope="module")

@@ -62,7 +62,8 @@ def test_the_tracker_follows_warm_up_rl_and_evaluation_and_estimates_time_left()
     assert describe(state, now=clock.now).endswith("(updated 5s ago)")
     stopped = tracker.end("stopped", interrupted=True)
     assert stopped["step"] == 3 and stopped["interrupted"] and stopped["eta_seconds"] is None
-    assert describe(stopped) == "stopped, step 3/5, reward 0.250, acc 0.50, dev 0.375"
+    assert describe(stopped) == ("stopped in evaluation (final on dev), step 3/5, reward 0.250, "
+                                 "acc 0.50, dev 0.375")
 
 
 def test_plain_lines_come_on_phase_changes_and_at_most_every_interval():
@@ -200,5 +201,5 @@ def test_an_interrupted_study_reports_itself_unfinished_with_no_verdict_for_open
     assert "No proposed change beat the baseline" not in report
     assert "No verdict: interrupted before it finished (t0002" in report
     text = status(tmp_path)
-    assert "t0002 explore  stopped" in text and "stopped, step 1/" in text
+    assert "t0002 explore  stopped" in text and "stopped in RL 1/" in text
     assert "autoresearch resume" in text
