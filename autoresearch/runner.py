@@ -428,7 +428,7 @@ class StudyRunner:
             steps, evals = record.of_type("step"), record.of_type("eval")
         elif streamed:
             self.journal.put_steps(trial_id, streamed)
-        tracker = self._trackers.pop(trial_id, None) or ProgressTracker(
+        tracker = self._trackers.get(trial_id) or ProgressTracker(
             TrialConfig.model_validate(row["config"]))
         try:
             result: TrialResult = future.result()
