@@ -24,7 +24,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from autoresearch.config import TrialConfig
+from autoresearch.rl.config import TrialConfig
 
 
 @contextlib.contextmanager
@@ -34,7 +34,7 @@ def server_url(url: str | None, data_dir: Path) -> Iterator[str]:
     if url:
         yield url
         return
-    from server.runtime import ServerConfig, ServerThread
+    from server.entrypoints.runtime import ServerConfig, ServerThread
 
     with ServerThread(ServerConfig(port=0, data_dir=data_dir)) as server:
         yield server.url
@@ -45,8 +45,8 @@ def _api_key() -> str:
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
-    from autoresearch.progress import TrialProgress
-    from autoresearch.trial import run_trial
+    from autoresearch.rl.progress import TrialProgress
+    from autoresearch.rl.trial import run_trial
 
     config = TrialConfig.from_file(args.config)
     out = Path(args.out or Path("runs") / f"{config.name}-{config.fingerprint()}")
@@ -66,7 +66,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
         "checkpoint": result.checkpoint,
     }
     print(json.dumps(summary, indent=2))
-    from autoresearch.executors import result_line
+    from autoresearch.study.executors.base import result_line
 
     print(result_line(result), flush=True)  # what a study's Kubernetes executor reads
     return 0
@@ -86,7 +86,7 @@ class _ProgressLogHandler(logging.Handler):
 
 def _study_logging(display) -> None:
     handler = _ProgressLogHandler(display)
-    for name in ("autoresearch.runner", "autoresearch.kube"):
+    for name in ("autoresearch.study.runner", "autoresearch.study.executors.kubernetes"):
         logger = logging.getLogger(name)
         logger.setLevel(logging.INFO)
         logger.addHandler(handler)
@@ -105,8 +105,8 @@ def _quiet_after_stop(signum, frame) -> None:  # noqa: ARG001
 
 def _interrupted_line(directory: Path) -> str:
     """One line: where the unfinished trials stopped and how to go on."""
-    from autoresearch.live import read_snapshot
-    from autoresearch.progress import where
+    from autoresearch.rl.progress import where
+    from autoresearch.ui.snapshot import read_snapshot
 
     snapshot = read_snapshot(directory)
     stopped = [] if snapshot is None else [
@@ -119,7 +119,7 @@ def _interrupted_line(directory: Path) -> str:
 def _run_unattended(start, directory: Path) -> int:
     """Run a study with a progress line per trial; on SIGTERM or Ctrl-C stop at once with one
     line (the journal marks the study interrupted and allows a resume)."""
-    from autoresearch.progress import StudyProgress
+    from autoresearch.rl.progress import StudyProgress
 
     display = StudyProgress()
     signal.signal(signal.SIGTERM, _quiet_after_stop)
@@ -146,16 +146,18 @@ def _run_unattended(start, directory: Path) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from autoresearch.study import Study
+    from autoresearch.study.runner import run_study
+    from autoresearch.study.spec import Study
 
     study = Study.from_file(args.study)
     directory = Path(args.out or study.directory())
     _clear_control(directory)
-    return _run_unattended(lambda display: study.run(args.out, progress=display), directory)
+    return _run_unattended(lambda display: run_study(study, args.out, progress=display),
+                           directory)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from autoresearch.runner import resume_study
+    from autoresearch.study.runner import resume_study
 
     _clear_control(args.directory)
     return _run_unattended(lambda display: resume_study(args.directory, progress=display),
@@ -164,7 +166,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def _clear_control(directory: Path) -> None:
     """A study started by hand runs unhindered by an earlier `pause` or `stop`."""
-    from autoresearch.control import StudyControl
+    from autoresearch.study.control import StudyControl
 
     if Path(directory).exists():
         StudyControl(directory).reset()
@@ -172,7 +174,7 @@ def _clear_control(directory: Path) -> None:
 
 def cmd_control(args: argparse.Namespace) -> int:
     """Steer a study that runs elsewhere (another shell, a notebook, a Job) via its control file."""
-    from autoresearch.control import StudyControl
+    from autoresearch.study.control import StudyControl
 
     control = StudyControl(args.directory)
     if args.command == "pause":
@@ -191,21 +193,25 @@ def cmd_control(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from autoresearch.report import status
+    from autoresearch.study.report import status
 
     print(status(args.directory))
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from autoresearch.report import render, write_report
+    from autoresearch.study.journal import Journal
+    from autoresearch.study.report import build, to_markdown
+    from autoresearch.ui.report import report_page
 
+    journal = Journal(args.directory, read_only=True)
+    blocks = build(journal)
+    text = report_page(blocks) if args.format == "html" else to_markdown(blocks)
     if args.out is None and args.print:
-        from autoresearch.journal import Journal
-
-        print(render(Journal(args.directory, read_only=True), args.format))
+        print(text)
         return 0
-    path = write_report(args.directory, args.format, args.out)
+    path = Path(args.out) if args.out else journal.path.parent / f"report.{args.format}"
+    path.write_text(text, encoding="utf-8")
     print(path)
     return 0
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from autoresearch.journal import Journal
-from autoresearch.live import read_snapshot
-from autoresearch.record import TrialRecord
-from autoresearch.runner import resume_study
-from autoresearch.study import Study
+from autoresearch.rl.record import TrialRecord
+from autoresearch.study.journal import Journal
+from autoresearch.study.runner import resume_study
+from autoresearch.study.spec import Study
+from autoresearch.ui.snapshot import read_snapshot
 from tests.autoresearch.study_helpers import tiny_trial
 
 pytestmark = pytest.mark.timeout(600)

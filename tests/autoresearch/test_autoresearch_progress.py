@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from autoresearch.config import TrialConfig
-from autoresearch.decision_text import decision_text
-from autoresearch.executors import TrialJob
-from autoresearch.journal import Journal
-from autoresearch.progress import ProgressTracker, StudyProgress, describe
-from autoresearch.report import render, status
-from autoresearch.runner import run_study
-from autoresearch.study import Study
-from autoresearch.trial import TrialResult
+from autoresearch.rl.config import TrialConfig
+from autoresearch.rl.progress import ProgressTracker, StudyProgress, describe
+from autoresearch.rl.trial import TrialResult
+from autoresearch.study.decision_text import decision_text
+from autoresearch.study.executors.base import TrialJob
+from autoresearch.study.journal import Journal
+from autoresearch.study.report import build, status, to_markdown
+from autoresearch.study.runner import run_study
+from autoresearch.study.spec import Study
 from tests.autoresearch.study_helpers import SyntheticExecutor, summary
 
 pytestmark = pytest.mark.timeout(120)
@@ -195,7 +195,7 @@ def test_an_interrupted_study_reports_itself_unfinished_with_no_verdict_for_open
     stopped = journal.trial("t0002")
     assert stopped["status"] == "stopped" and stopped["decision"] is None
     assert stopped["progress"]["step"] == 1 and stopped["progress"]["interrupted"]
-    report = render(journal)
+    report = to_markdown(build(journal))
     assert "This study is unfinished (state: interrupted)" in report
     assert "did not finish: t0002" in report
     assert "No proposed change beat the baseline" not in report

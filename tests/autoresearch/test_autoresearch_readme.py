@@ -99,7 +99,7 @@ def shrink_study(model: Path, declared: dict[str, Any]) -> dict[str, Any]:
 def readme_server(sql_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The README's first `python -m server` command, started from the activated shell."""
     from server.__main__ import build_parser
-    from server.runtime import free_port
+    from server.entrypoints.runtime import free_port
 
     server_commands = [argv for argv in commands() if argv[:3] == ["python", "-m", "server"]]
     assert server_commands, "the README shows how to start the server"
@@ -159,14 +159,14 @@ def test_make_targets_and_set_up_lines_are_real():
 
 def test_python_blocks_run_against_the_server(readme_server: str, sql_model_dir: Path,
                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    import autoresearch.config
+    import autoresearch.rl.config
 
-    real = autoresearch.config.TrialConfig
+    real = autoresearch.rl.config.TrialConfig
 
     def tiny_config(**fields: Any):
         return real.model_validate(shrink_trial(sql_model_dir, fields))
 
-    monkeypatch.setattr(autoresearch.config, "TrialConfig", tiny_config)
+    monkeypatch.setattr(autoresearch.rl.config, "TrialConfig", tiny_config)
     monkeypatch.setenv("TINKER_API_KEY", "tml-local")
     monkeypatch.chdir(tmp_path)
     python = blocks("python")

@@ -112,7 +112,7 @@ def test_named_sampler_checkpoint_serves_the_same_logprobs_as_its_snapshot(
 
 # ------------------------------------------------------------ names on disk
 def _adapter():
-    from server.lora import AdapterWeights, LoraSpec
+    from server.engine.lora import AdapterWeights, LoraSpec
 
     spec = LoraSpec(rank=2)
     name = "model.layers.0.self_attn.q_proj"
@@ -120,7 +120,7 @@ def _adapter():
 
 
 def test_run_directories_hold_no_character_an_os_cannot_name_and_map_back_to_the_run():
-    from server.checkpoints import run_dir_name, run_id_of
+    from server.storage.checkpoints import run_dir_name, run_id_of
 
     for run_id in ("sess-3f2a:train:0", "a<b>c|d?e*f\"g\\h", "50%:done", "plain-run"):
         name = run_dir_name(run_id)
@@ -129,7 +129,7 @@ def test_run_directories_hold_no_character_an_os_cannot_name_and_map_back_to_the
 
 
 def test_checkpoints_are_written_under_portable_names_and_legacy_ones_still_load(tmp_path):
-    from server.checkpoints import CheckpointStore, TinkerPath
+    from server.storage.checkpoints import CheckpointStore, TinkerPath
 
     store = CheckpointStore(tmp_path)
     path = TinkerPath.parse("tinker://sess-1:train:0/weights/step-1")
