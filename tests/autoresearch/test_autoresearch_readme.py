@@ -98,7 +98,7 @@ def shrink_study(model: Path, declared: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def readme_server(sql_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The README's first `python -m server` command, started from the activated shell."""
-    from server.__main__ import build_parser
+    from server.entrypoints.args import build_parser
     from server.entrypoints.runtime import free_port
 
     server_commands = [argv for argv in commands() if argv[:3] == ["python", "-m", "server"]]

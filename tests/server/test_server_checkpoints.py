@@ -76,9 +76,12 @@ def test_saved_checkpoint_is_a_peft_adapter_giving_the_servers_logprobs(
     path = client.save_state("export").result().path
     server_logprobs = forward_logprobs(client, data)
 
+    from server.storage.checkpoints import run_dir_name
+
     parsed = types.ParsedCheckpointTinkerPath.from_tinker_path(path)
-    ckpt_dir = Path(tiny_server.config.data_dir) / "runs" / parsed.training_run_id / "weights"
-    ckpt_dir = ckpt_dir / "export"
+    run_dir = Path(tiny_server.config.data_dir) / "runs" / run_dir_name(parsed.training_run_id)
+    ckpt_dir = run_dir / "weights" / "export"
+    assert ":" not in str(ckpt_dir.relative_to(tiny_server.config.data_dir))
     assert (ckpt_dir / "adapter_config.json").exists()
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
