@@ -386,6 +386,10 @@ class StudyRunner:
         job = TrialJob(row["id"], TrialConfig.model_validate(row["config"]),
                        (self.dir / row["directory"]).resolve())
         tracker = self._trackers[row["id"]] = ProgressTracker(job.config)
+        prior = row.get("progress") or {}
+        if prior.get("step"):  # a resumed trial starts from where it was, not from step 0
+            tracker.state.update({k: prior.get(k) for k in (
+                "step", "reward", "accuracy", "loss", "dev_accuracy") if prior.get(k) is not None})
         self.journal.update_trial(row["id"], status="running", started=row.get("started") or now,
                                   attempts=(row.get("attempts") or 0) + 1,
                                   progress=dict(tracker.state))
