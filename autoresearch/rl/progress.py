@@ -118,7 +118,7 @@ def describe(state: dict[str, Any] | None, now: float | None = None) -> str:
         parts.append(f"loss {state['loss']:.3f}")
     if state.get("dev_accuracy") is not None:
         parts.append(f"dev {state['dev_accuracy']:.3f}")
-    if phase not in ("done", "stopped", "crashed", "interrupted"):
+    if phase not in ("done", "stopped", "crashed", "interrupted", "eval"):  # eval: not timed
         eta = state.get("eta_seconds")
         parts.append(f"~{duration(eta)} left" if eta is not None else "time left: after a step")
     if now is not None and state.get("updated"):
