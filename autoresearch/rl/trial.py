@@ -481,6 +481,10 @@ class Trial:
         stage: str,
     ) -> EvalResult:
         started = time.time()
+        self.progress(
+            {"type": "eval_start", "phase": "eval", "stage": stage, "split": split,
+             "tasks": len(tasks)}
+        )
         result = evaluate(
             sampler,
             tokenizer,
