@@ -26,6 +26,7 @@ from server.engine import UserError
 from server.futures import LONG_POLL_SECONDS, FutureRecord
 from server.http_body import BodyTooLarge, read_body
 from server.losses import LossError
+from server.request_fields import RequestBody, integer
 from server.service import Backpressure, NotFound, QuotaExceeded, TrainingService
 
 log = logging.getLogger(__name__)
@@ -50,14 +51,22 @@ def _error(status: int, message: str, kind: str) -> JSONResponse:
 async def _json(request: Request) -> dict[str, Any]:
     raw = await read_body(request)
     if not raw:
-        return {}
+        return RequestBody()
     try:
         value = json.loads(raw)
     except ValueError as exc:
         raise WireError(f"request body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise WireError("request body must be a JSON object")
-    return value
+    return RequestBody(value)
+
+
+def _page(request: Request, default_limit: int) -> tuple[int, int]:
+    q = request.query_params
+    return (
+        integer(q.get("limit", default_limit), "limit"),
+        integer(q.get("offset", 0), "offset"),
+    )
 
 
 def _future(record: FutureRecord, **extra: Any) -> dict[str, Any]:
@@ -105,20 +114,15 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
                     return response
                 except BodyTooLarge as exc:
                     return _error(413, str(exc), "payload_too_large")
-                except (
-                    UserError,
-                    LossError,
-                    CheckpointError,
-                    WireError,
-                    KeyError,
-                    TypeError,
-                    ValueError,
-                ) as exc:
-                    message = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
-                    return _error(400, message, "invalid_request")
-                except Exception:  # noqa: BLE001 - never crash the server on a request
-                    log.exception("%s %s failed", method, path)
-                    return _error(500, "internal server error", "server_error")
+                except (UserError, LossError, CheckpointError, WireError) as exc:
+                    return _error(400, str(exc), "invalid_request")
+                except Exception as exc:  # noqa: BLE001 - never crash the server on a request
+                    # Anything else is the server's fault, whatever its type (a ValueError
+                    # from a bug is no user error): a 500 with the traceback in the log.
+                    log.error("%s %s failed", method, path, exc_info=exc)
+                    return _error(
+                        500, f"internal server error ({type(exc).__name__})", "server_error"
+                    )
                 if isinstance(result, Response):
                     return result
                 return JSONResponse(result if result is not None else {"status": "ok"})
@@ -197,8 +201,7 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
 
     @route("GET", "/sessions")
     async def sessions(request: Request, who: str):
-        q = request.query_params
-        return service.list_sessions(who, int(q.get("limit", 20)), int(q.get("offset", 0)))
+        return service.list_sessions(who, *_page(request, 20))
 
     @route("GET", "/sessions/{session_id}")
     async def session(request: Request, who: str):
@@ -289,8 +292,7 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
     # ------------------------------------------------------------ rest
     @route("GET", "/training_runs")
     async def training_runs(request: Request, who: str):
-        q = request.query_params
-        return service.list_training_runs(who, int(q.get("limit", 20)), int(q.get("offset", 0)))
+        return service.list_training_runs(who, *_page(request, 20))
 
     @route("GET", "/training_runs/{run_id}")
     async def training_run(request: Request, who: str):
@@ -307,8 +309,7 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
 
     @route("GET", "/checkpoints")
     async def user_checkpoints(request: Request, who: str):
-        q = request.query_params
-        return service.list_user_checkpoints(who, int(q.get("limit", 100)), int(q.get("offset", 0)))
+        return service.list_user_checkpoints(who, *_page(request, 100))
 
     def _ckpt(request: Request) -> tuple[str, str, str]:
         p = request.path_params

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from server.engine import Engine, ForwardBackwardJob, SampleJob
+from server.gradient_commit import all_or_nothing
 from server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
@@ -360,7 +361,11 @@ class Scheduler:
             if self.before_batch is not None:
                 self.before_batch(kind, batch)
             if kind == "train":
-                results = self.engine.forward_backward([w.job for w in batch])
+                jobs = [w.job for w in batch]
+                # A failure anywhere leaves every run's gradients as they were, so the retry
+                # below (or the client's) never adds a partial step twice.
+                with all_or_nothing(job.state.adapter for job in jobs):
+                    results = self.engine.forward_backward(jobs)
             elif kind == "sample":
                 results = self.engine.sample([w.sample for w in batch])
             else:
@@ -368,6 +373,8 @@ class Scheduler:
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to its callers
             if len(batch) > 1 and kind in ("train", "sample"):
                 # A fused batch failed: retry each alone so one bad request cannot fail others.
+                # Training is all-or-nothing (above), so each retry starts from the gradients
+                # its run had before the fused attempt, as an unfused run would.
                 log.warning(
                     "fused %s batch of %d failed (%s); retrying one by one", kind, len(batch), exc
                 )

@@ -7,13 +7,14 @@ another key's run is indistinguishable from a run that does not exist.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import itertools
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,6 @@ from server.codec import (
     encode_sample_response,
 )
 from server.engine import (
-    AdamParams,
     Engine,
     ForwardBackwardJob,
     ForwardBackwardResult,
@@ -38,15 +38,20 @@ from server.engine import (
 )
 from server.futures import FutureRecord, FutureStore
 from server.lora import AdapterWeights, LoraSpec
+from server.loss_config import check_loss_config
 from server.losses import LossError
 from server.metrics import ServerMetrics
+from server.optim_params import parse_adam_params
+from server.request_fields import flag, integer, number, optional_integer
 from server.residency import Residency
 from server.sampler_cache import DEFAULT_MAX_RESIDENT, SamplerCache
 from server.scheduler import RunGone, Scheduler, Work
 
 log = logging.getLogger(__name__)
 
-USER_ERRORS = (UserError, LossError, CheckpointError, RunGone, ValueError, KeyError)
+USER_ERRORS = (UserError, LossError, CheckpointError, RunGone)
+"""The client's fault (HTTP 400 / future category "user"); any other exception is a server
+fault (HTTP 500 / category "server"), logged with its traceback."""
 
 
 class NotFound(LookupError):
@@ -264,6 +269,35 @@ class TrainingService:
 
         return done
 
+    @contextlib.contextmanager
+    def _refusal_keeps_order(
+        self, owner: str, run: Run, seq_id: int | None, kind: str
+    ) -> Iterator[None]:
+        """A request refused before it is queued still takes its place in the run's order.
+
+        Without this, a refused `seq_id` would never execute and every later request of the
+        run would wait for it forever. The refusal is queued at that `seq_id` as work that
+        fails with the same error, so the stream moves past it (and a retry of the same
+        `seq_id` gets the same answer). Backpressure is not a refusal: the SDK retries it.
+        """
+        try:
+            yield
+        except USER_ERRORS as exc:
+            if seq_id is not None and self.scheduler.has_stream(run.run_id):
+                error = exc
+
+                def refuse() -> None:
+                    raise error
+
+                self._ordered(
+                    owner,
+                    run,
+                    seq_id,
+                    kind,
+                    lambda rec: Work(run.run_id, kind, self._complete(rec), action=refuse),
+                )
+            raise
+
     def _ordered(
         self, owner: str, run: Run, seq_id: int | None, kind: str, make_work
     ) -> FutureRecord:
@@ -309,14 +343,15 @@ class TrainingService:
         self._check_run_quota(owner)
         lora = body.get("lora_config") or {}
         spec = LoraSpec(
-            rank=int(lora.get("rank", 32)),
-            train_attn=bool(lora.get("train_attn", True)),
-            train_mlp=bool(lora.get("train_mlp", True)),
-            train_unembed=bool(lora.get("train_unembed", True)),
+            rank=integer(lora.get("rank", 32), "lora_config.rank"),
+            train_attn=flag(lora.get("train_attn", True), "lora_config.train_attn"),
+            train_mlp=flag(lora.get("train_mlp", True), "lora_config.train_mlp"),
+            train_unembed=flag(lora.get("train_unembed", True), "lora_config.train_unembed"),
         )
-        seed = lora.get("seed")
-        seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % 2**31)
-        run_id = f"{session.session_id}:train:{int(body['model_seq_id'])}"
+        seed = optional_integer(lora.get("seed"), "lora_config.seed")
+        if seed is None:
+            seed = int(np.random.SeedSequence().entropy % 2**31)
+        run_id = f"{session.session_id}:train:{integer(body['model_seq_id'], 'model_seq_id')}"
         if run_id in self.runs:
             raise UserError(f"model_seq_id {body['model_seq_id']} was already used in this session")
         run = Run(run_id, owner, self.base_model, spec, dict(body.get("user_metadata") or {}))
@@ -381,6 +416,7 @@ class TrainingService:
             call.forward_only,
         )
         try:
+            check_loss_config(call.loss_fn, call.loss_fn_config)
             self.engine.validate(job)
             invalid = None
         except USER_ERRORS as exc:
@@ -390,7 +426,8 @@ class TrainingService:
         # The request a run's stream waits on is always admitted: the SDK sends a batch's later
         # chunks first, and refusing the first one while they hold the quota would deadlock.
         if not self.scheduler.is_next(run.run_id, call.seq_id):
-            self._check_backlog(owner, tokens)
+            with self._refusal_keeps_order(owner, run, call.seq_id, kind):
+                self._check_backlog(owner, tokens)
 
         def make(record: FutureRecord) -> Work:
             done = self._complete(record, to_proto=_encode_fb)
@@ -410,14 +447,9 @@ class TrainingService:
 
     def optim_step(self, owner: str, body: dict[str, Any]) -> FutureRecord:
         run = self._run(owner, body["model_id"])
-        raw = body.get("adam_params") or body.get("optim_params") or {}
-        if body.get("optimizer_params") and not raw:
-            raise UserError("only AdamW is supported (optimizer_params type 'adamw' / adam_params)")
-        params = AdamParams(
-            **{k: float(v) for k, v in raw.items() if k in AdamParams.__dataclass_fields__}
-        )
-        if params.learning_rate < 0 or not 0 <= params.beta1 < 1 or not 0 <= params.beta2 < 1:
-            raise UserError(f"invalid Adam parameters {raw}")
+        seq_id = optional_integer(body.get("seq_id"), "seq_id")
+        with self._refusal_keeps_order(owner, run, seq_id, "optim_step"):
+            params = parse_adam_params(body)
 
         def step() -> dict[str, Any]:
             return {"metrics": self.engine.optim_step(self._require_state(run), params)}
@@ -425,7 +457,7 @@ class TrainingService:
         return self._ordered(
             owner,
             run,
-            body.get("seq_id"),
+            seq_id,
             "optim_step",
             lambda rec: Work(run.run_id, "optim_step", self._complete(rec), action=step),
         )
@@ -434,17 +466,19 @@ class TrainingService:
         meta: dict[str, Any] = {"user_metadata": _str_metadata(body.get("user_metadata"))}
         ttl = body.get("ttl_seconds")
         if ttl is not None:
-            expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=int(ttl))
+            expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=integer(ttl, "ttl_seconds"))
             meta["expires_at"] = expires.isoformat()
         return meta
 
     def save_weights(self, owner: str, body: dict[str, Any]) -> FutureRecord:
         run = self._run(owner, body["model_id"])
-        name = body.get("path") or f"step-{uuid.uuid4().hex[:8]}"
-        validate_name(name)
-        path = TinkerPath(run.run_id, "weights", name)
-        meta = self._ttl_meta(body)
-        overwrite = bool(body.get("overwrite", False))
+        seq_id = optional_integer(body.get("seq_id"), "seq_id")
+        with self._refusal_keeps_order(owner, run, seq_id, "save_weights"):
+            name = body.get("path") or f"step-{uuid.uuid4().hex[:8]}"
+            validate_name(name)
+            path = TinkerPath(run.run_id, "weights", name)
+            meta = self._ttl_meta(body)
+            overwrite = flag(body.get("overwrite", False), "overwrite")
 
         def save() -> dict[str, Any]:
             state = self._require_state(run)
@@ -461,23 +495,29 @@ class TrainingService:
         return self._ordered(
             owner,
             run,
-            body.get("seq_id"),
+            seq_id,
             "save_weights",
             lambda rec: Work(run.run_id, "save_weights", self._complete(rec), action=save),
         )
 
     def save_weights_for_sampler(self, owner: str, body: dict[str, Any]) -> FutureRecord:
         run = self._run(owner, body["model_id"])
-        name = body.get("path")
-        session_seq = body.get("sampling_session_seq_id")
-        if name is None and session_seq is None:
-            raise UserError("save_weights_for_sampler needs a path or a sampling_session_seq_id")
-        path = None
-        if name is not None:
-            validate_name(name)
-            path = TinkerPath(run.run_id, "sampler_weights", name)
+        seq_id = optional_integer(body.get("seq_id"), "seq_id")
+        with self._refusal_keeps_order(owner, run, seq_id, "save_weights_for_sampler"):
+            name = body.get("path")
+            session_seq = optional_integer(
+                body.get("sampling_session_seq_id"), "sampling_session_seq_id"
+            )
+            if name is None and session_seq is None:
+                raise UserError(
+                    "save_weights_for_sampler needs a path or a sampling_session_seq_id"
+                )
+            path = None
+            if name is not None:
+                validate_name(name)
+                path = TinkerPath(run.run_id, "sampler_weights", name)
+            meta = self._ttl_meta(body)
         session_id = run.run_id.split(":", 1)[0]
-        meta = self._ttl_meta(body)
 
         def save() -> dict[str, Any]:
             state = self._require_state(run)
@@ -487,10 +527,15 @@ class TrainingService:
                 self.store.save(path, snapshot, run.base_model, None, meta)
                 answer["path"] = str(path)
             if session_seq is not None:
-                sampler_id = f"{session_id}:sample:{int(session_seq)}"
+                sampler_id = f"{session_id}:sample:{session_seq}"
                 self._register_sampler(
                     Sampler(
-                        sampler_id, owner, run.base_model, str(path) if path else None, snapshot
+                        sampler_id,
+                        owner,
+                        run.base_model,
+                        str(path) if path else None,
+                        snapshot,
+                        run_id=run.run_id if path is None else None,
                     )
                 )
                 answer["sampling_session_id"] = sampler_id
@@ -499,7 +544,7 @@ class TrainingService:
         return self._ordered(
             owner,
             run,
-            body.get("seq_id"),
+            seq_id,
             "save_weights_for_sampler",
             lambda rec: Work(run.run_id, "save_for_sampler", self._complete(rec), action=save),
         )
@@ -520,14 +565,13 @@ class TrainingService:
                 session.sampler_ids.append(sampler.sampler_id)
 
     def load_weights(self, owner: str, body: dict[str, Any]) -> FutureRecord:
-        path = TinkerPath.parse(body["path"])
-        if path.kind != "weights" and body.get("optimizer"):
-            raise UserError("optimizer state can only be loaded from a weights/ checkpoint")
-        self._readable_checkpoint(owner, path)
-        with_optimizer = bool(body.get("optimizer", False))
         if body.get("session_id") is not None:
+            path, with_optimizer = self._load_source(owner, body)
             return self._load_as_new_run(owner, body, path, with_optimizer)
         run = self._run(owner, body["model_id"])
+        seq_id = optional_integer(body.get("seq_id"), "seq_id")
+        with self._refusal_keeps_order(owner, run, seq_id, "load_weights"):
+            path, with_optimizer = self._load_source(owner, body)
 
         def load() -> dict[str, Any]:
             adapter, opt_state, _ = self.store.load(path, self.engine.device, with_optimizer)
@@ -540,10 +584,19 @@ class TrainingService:
         return self._ordered(
             owner,
             run,
-            body.get("seq_id"),
+            seq_id,
             "load_weights",
             lambda rec: Work(run.run_id, "load_weights", self._complete(rec), action=load),
         )
+
+    def _load_source(self, owner: str, body: dict[str, Any]) -> tuple[TinkerPath, bool]:
+        """The checkpoint a load_weights request reads, checked readable by the caller."""
+        path = TinkerPath.parse(body["path"])
+        with_optimizer = flag(body.get("optimizer", False), "optimizer")
+        if path.kind != "weights" and with_optimizer:
+            raise UserError("optimizer state can only be loaded from a weights/ checkpoint")
+        self._readable_checkpoint(owner, path)
+        return path, with_optimizer
 
     def _load_as_new_run(
         self, owner: str, body: dict[str, Any], path: TinkerPath, with_optimizer: bool
@@ -551,7 +604,7 @@ class TrainingService:
         session = self._session(owner, body["session_id"])
         self._check_base_model(body.get("base_model"))
         self._check_run_quota(owner)
-        run_id = f"{session.session_id}:train:{int(body['model_seq_id'])}"
+        run_id = f"{session.session_id}:train:{integer(body['model_seq_id'], 'model_seq_id')}"
         if run_id in self.runs:
             raise UserError(f"model_seq_id {body['model_seq_id']} was already used in this session")
         source_meta = self.store.read_run(path.run_id) or {}
@@ -578,7 +631,8 @@ class TrainingService:
     # ---------------------------------------------------------- sampling
     def create_sampling_session(self, owner: str, body: dict[str, Any]) -> dict[str, Any]:
         session = self._session(owner, body["session_id"])
-        sampler_id = f"{session.session_id}:sample:{int(body['sampling_session_seq_id'])}"
+        seq = integer(body["sampling_session_seq_id"], "sampling_session_seq_id")
+        sampler_id = f"{session.session_id}:sample:{seq}"
         model_path = body.get("model_path")
         if model_path:
             path = TinkerPath.parse(model_path)
@@ -620,27 +674,29 @@ class TrainingService:
         for chunk in (body.get("prompt") or {}).get("chunks") or []:
             if chunk.get("type", "encoded_text") != "encoded_text":
                 raise UserError(f"{chunk.get('type')} chunks are not supported by this text model")
-            tokens.extend(int(t) for t in chunk.get("tokens") or [])
+            tokens.extend(integer(t, "prompt token") for t in chunk.get("tokens") or [])
         raw = body.get("sampling_params") or {}
         stop = raw.get("stop")
         if isinstance(stop, str):
             stop = [stop]
         params = SamplingParams(
-            max_tokens=raw.get("max_tokens"),
-            temperature=float(raw.get("temperature", 1.0)),
-            top_p=float(raw.get("top_p", 1.0)),
-            top_k=int(raw.get("top_k", -1)),
-            seed=raw.get("seed"),
+            max_tokens=optional_integer(raw.get("max_tokens"), "sampling_params.max_tokens"),
+            temperature=number(raw.get("temperature", 1.0), "sampling_params.temperature"),
+            top_p=number(raw.get("top_p", 1.0), "sampling_params.top_p"),
+            top_k=integer(raw.get("top_k", -1), "sampling_params.top_k"),
+            seed=optional_integer(raw.get("seed"), "sampling_params.seed"),
             stop=stop,
         )
-        num = int(body.get("num_samples", 1))
+        num = integer(body.get("num_samples", 1), "num_samples")
         job = SampleJob(
             adapter,
             tokens,
             num,
             params,
-            prompt_logprobs=bool(body.get("prompt_logprobs")),
-            topk_prompt_logprobs=int(body.get("topk_prompt_logprobs") or 0),
+            prompt_logprobs=flag(body.get("prompt_logprobs") or False, "prompt_logprobs"),
+            topk_prompt_logprobs=integer(
+                body.get("topk_prompt_logprobs") or 0, "topk_prompt_logprobs"
+            ),
         )
         self.engine.validate_sample(job)
         self._check_backlog(owner, (len(tokens) + Engine._max_new(job)) * num)
@@ -739,7 +795,8 @@ class TrainingService:
         path = self._owned_path(owner, run_id, kind, name)
         expires = None
         if ttl is not None:
-            expires = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=int(ttl))).isoformat()
+            seconds = integer(ttl, "ttl_seconds")
+            expires = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)).isoformat()
         self.store.update_meta(path, expires_at=expires)
 
     def set_public(self, owner: str, run_id: str, kind: str, name: str, public: bool) -> None:
@@ -774,7 +831,7 @@ class TrainingService:
         self._readable_checkpoint(owner, source)
         if body.get("session_id") is not None:
             session = self._session(owner, body["session_id"])
-            run_id = f"{session.session_id}:train:{int(body['model_seq_id'])}"
+            run_id = f"{session.session_id}:train:{integer(body['model_seq_id'], 'model_seq_id')}"
             if run_id in self.runs or self.store.read_run(run_id) is not None:
                 raise UserError(f"model_seq_id {body['model_seq_id']} was already used")
         else:
