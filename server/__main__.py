@@ -11,6 +11,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from server.lifecycle import (
+    DEFAULT_SESSION_TIMEOUT_SECONDS,
+    DEFAULT_SNAPSHOT_TTL_SECONDS,
+    DEFAULT_SNAPSHOTS_PER_RUN,
+    LifecyclePolicy,
+)
 from server.logs import configure as configure_logging
 
 if TYPE_CHECKING:
@@ -75,6 +81,24 @@ def build_parser(prog: str = "autoresearch-server") -> argparse.ArgumentParser:
         default=None,
         help="spill a run's adapter to disk after this long without requests",
     )
+    parser.add_argument(
+        "--snapshots-per-run",
+        type=int,
+        default=DEFAULT_SNAPSHOTS_PER_RUN,
+        help="unnamed sampler snapshots kept per run (the newest); older ones are freed",
+    )
+    parser.add_argument(
+        "--snapshot-ttl-seconds",
+        type=float,
+        default=DEFAULT_SNAPSHOT_TTL_SECONDS,
+        help="free an unnamed sampler snapshot unused for this long",
+    )
+    parser.add_argument(
+        "--session-timeout-seconds",
+        type=float,
+        default=DEFAULT_SESSION_TIMEOUT_SECONDS,
+        help="end a session (freeing its snapshots) after this long without a heartbeat",
+    )
     parser.add_argument("--log-json", action="store_true", help="structured JSON log lines")
     return parser
 
@@ -98,6 +122,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             args.max_resident_runs,
             args.idle_evict_seconds,
             args.max_resident_samplers,
+            LifecyclePolicy(
+                snapshots_per_run=args.snapshots_per_run,
+                snapshot_ttl_seconds=args.snapshot_ttl_seconds,
+                session_timeout_seconds=args.session_timeout_seconds,
+            ),
         ),
     )
     config.log_json = args.log_json  # type: ignore[attr-defined]

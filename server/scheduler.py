@@ -121,6 +121,12 @@ class Scheduler:
             stream = self._streams.get(run_id)
             return stream is not None and seq_id == stream.next_seq
 
+    def next_seq(self, run_id: str) -> int | None:
+        """The seq_id the run's stream waits for next (None for an unknown run)."""
+        with self._cond:
+            stream = self._streams.get(run_id)
+            return None if stream is None else stream.next_seq
+
     def queued_tokens(self, owner: str) -> int:
         with self._cond:
             return self._queued_tokens[owner]

@@ -7,6 +7,7 @@ another key's run is indistinguishable from a run that does not exist.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime as dt
 import itertools
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from server.adapter_cache import AdapterCache
 from server.checkpoints import CheckpointError, CheckpointStore, TinkerPath, now_iso, validate_name
 from server.codec import (
     ForwardBackwardCall,
@@ -37,6 +39,7 @@ from server.engine import (
     UserError,
 )
 from server.futures import FutureRecord, FutureStore
+from server.lifecycle import LifecyclePolicy, SnapshotLedger
 from server.lora import AdapterWeights, LoraSpec
 from server.loss_config import check_loss_config
 from server.losses import LossError
@@ -62,6 +65,14 @@ class QuotaExceeded(PermissionError):
     """A per-key limit that waiting will not lift (e.g. too many runs): HTTP 429, no retry."""
 
 
+class SnapshotFreed(NotFound):
+    """A sampler snapshot that existed but was freed under the lifecycle policy."""
+
+
+class SessionGone(LookupError):
+    """The session ended or expired: HTTP 410, which stops the SDK's heartbeat."""
+
+
 class Backpressure(RuntimeError):
     """The key has too much work queued: HTTP 429, which the SDK retries after a pause."""
 
@@ -75,6 +86,7 @@ class Limits:
     max_resident_runs: int | None = None
     idle_evict_seconds: float | None = None
     max_resident_samplers: int | None = DEFAULT_MAX_RESIDENT
+    lifecycle: LifecyclePolicy = field(default_factory=LifecyclePolicy)
 
 
 @dataclass
@@ -85,6 +97,9 @@ class Session:
     user_metadata: dict[str, Any]
     created: str = field(default_factory=now_iso)
     finished: str | None = None
+    last_seen: float = field(default_factory=time.monotonic)
+    """Last heartbeat or request; a session silent past the timeout expires."""
+    ended_at: float | None = None
     run_ids: list[str] = field(default_factory=list)
     sampler_ids: list[str] = field(default_factory=list)
 
@@ -112,6 +127,9 @@ class Sampler:
     """The snapshot's weights until registered; then they live in the `SamplerCache`."""
     tuned: bool = False
     """Whether the sampler has an adapter (else it samples the base model)."""
+    run_id: str | None = None
+    """The run of an ephemeral (unnamed) snapshot, which the lifecycle policy may free."""
+    last_used: float = field(default_factory=time.monotonic)
 
 
 def _str_metadata(meta: dict[str, Any] | None) -> dict[str, str] | None:
@@ -159,6 +177,11 @@ class TrainingService:
         self._lock = threading.Lock()
         self._sample_ids = itertools.count()
         self._dedup: dict[tuple[str, int], FutureRecord] = {}
+        self._dedup_order: dict[str, collections.deque[int]] = {}
+        self.policy = self.limits.lifecycle
+        self.snapshots = SnapshotLedger(self.policy.snapshots_per_run)
+        self.adapters = AdapterCache()
+        self._last_sweep = time.monotonic()
 
     # ------------------------------------------------------------ helpers
     def _session(self, owner: str, session_id: str) -> Session:
@@ -172,7 +195,14 @@ class TrainingService:
         if run is None or run.owner != owner:
             raise NotFound(f"unknown training run {run_id!r}")
         run.last_request = now_iso()
+        self._seen(run_id)
         return run
+
+    def _seen(self, scoped_id: str) -> None:
+        """A request for a run or sampler keeps its session alive, like a heartbeat."""
+        session = self.sessions.get(scoped_id.split(":", 1)[0])
+        if session is not None:
+            session.last_seen = time.monotonic()
 
     def _check_run_quota(self, owner: str) -> None:
         limit = self.limits.max_runs_per_key
@@ -200,6 +230,65 @@ class TrainingService:
     def _maintain(self) -> None:
         busy = {rid for rid, depth in self.scheduler.queue_depths().items() if depth}
         self.residency.evict_idle(busy)
+        self._expire_sessions()
+        self._expire_snapshots()
+        if time.monotonic() - self._last_sweep >= self.policy.checkpoint_sweep_seconds:
+            self._last_sweep = time.monotonic()
+            for path in self.store.expire():
+                self.adapters.drop(path)
+
+    # ---------------------------------------------------------- lifecycles
+    def _expire_sessions(self) -> None:
+        """End sessions that stopped heartbeating; forget ended ones after their retention."""
+        timeout, now = self.policy.session_timeout_seconds, time.monotonic()
+        for session in list(self.sessions.values()):
+            if session.finished is None and timeout is not None:
+                if now - session.last_seen > timeout:
+                    log.info("session %s expired (no heartbeat for %.0f s)",
+                             session.session_id, now - session.last_seen)
+                    self._end_session(session, "expired")
+            elif (
+                session.ended_at is not None
+                and now - session.ended_at > self.policy.ended_session_retention_seconds
+            ):
+                with self._lock:
+                    self.sessions.pop(session.session_id, None)
+
+    def _end_session(self, session: Session, reason: str) -> None:
+        """An ended session's samplers go (snapshots and all); its runs and checkpoints stay."""
+        session.finished = session.finished or reason
+        session.ended_at = session.ended_at or time.monotonic()
+        for sampler_id in list(session.sampler_ids):
+            self._free_sampler(sampler_id, f"its session {session.session_id} ended ({reason})")
+
+    def _expire_snapshots(self) -> None:
+        ttl = self.policy.snapshot_ttl_seconds
+        if ttl is None:
+            return
+        cutoff = time.monotonic() - ttl
+        stale = [s.sampler_id for s in list(self.samplers.values())
+                 if s.run_id is not None and s.last_used < cutoff]
+        for sampler_id in stale:
+            self._free_sampler(sampler_id, f"it was unused for {ttl:.0f} s")
+
+    def _free_sampler(self, sampler_id: str, reason: str) -> None:
+        with self._lock:
+            sampler = self.samplers.pop(sampler_id, None)
+            session = self.sessions.get(sampler_id.split(":", 1)[0])
+            if session is not None and sampler_id in session.sampler_ids:
+                session.sampler_ids.remove(sampler_id)
+        if sampler is None:
+            return
+        self.sampler_cache.drop(sampler_id)
+        self.snapshots.remove(sampler.run_id or "", sampler_id, reason)
+        self.metrics.freed_snapshots.inc()
+
+    def _prune_dedup(self, run_id: str) -> None:
+        """Forget dedup records the run's order has passed by more than the window."""
+        order = self._dedup_order.get(run_id)
+        next_seq = self.scheduler.next_seq(run_id)
+        while order and (next_seq is None or order[0] < next_seq - self.policy.dedup_window):
+            self._dedup.pop((run_id, order.popleft()), None)
 
     def _prepare_batch(self, kind: str, batch: list[Work]) -> None:
         """Make every run a batch needs resident before the engine starts on it."""
@@ -317,6 +406,8 @@ class TrainingService:
             self.futures.fail(record, f"seq_id {seq_id} was already used for {run.run_id}")
             return record
         self._dedup[(run.run_id, seq_id)] = record
+        self._dedup_order.setdefault(run.run_id, collections.deque()).append(seq_id)
+        self._prune_dedup(run.run_id)
         return record
 
     # ----------------------------------------------------------- sessions
@@ -328,12 +419,14 @@ class TrainingService:
         return {"session_id": session_id, "type": "create_session"}
 
     def heartbeat(self, owner: str, session_id: str) -> dict[str, Any]:
-        self._session(owner, session_id)
+        session = self._session(owner, session_id)
+        if session.finished is not None:
+            raise SessionGone(f"session {session_id} has ended ({session.finished})")
+        session.last_seen = time.monotonic()
         return {"type": "session_heartbeat"}
 
     def finish_session(self, owner: str, session_id: str, reason: str) -> dict[str, Any]:
-        session = self._session(owner, session_id)
-        session.finished = session.finished or reason
+        self._end_session(self._session(owner, session_id), reason)
         return {"status": "ok"}
 
     # ---------------------------------------------------------- training
@@ -563,6 +656,12 @@ class TrainingService:
             session = self.sessions.get(sampler.sampler_id.split(":", 1)[0])
             if session is not None and sampler.sampler_id not in session.sampler_ids:
                 session.sampler_ids.append(sampler.sampler_id)
+        if sampler.run_id is not None:
+            cap = self.policy.snapshots_per_run
+            for old in self.snapshots.add(sampler.run_id, sampler.sampler_id):
+                self._free_sampler(old, f"its run kept only its newest {cap} snapshots")
+        if session is not None and session.finished is not None:
+            self._free_sampler(sampler.sampler_id, f"its session {session.session_id} ended")
 
     def load_weights(self, owner: str, body: dict[str, Any]) -> FutureRecord:
         if body.get("session_id") is not None:
@@ -637,7 +736,7 @@ class TrainingService:
         if model_path:
             path = TinkerPath.parse(model_path)
             self._readable_checkpoint(owner, path)
-            adapter, _, _ = self.store.load(path, self.engine.device, with_optimizer=False)
+            adapter = self._checkpoint_adapter(path)
             sampler = Sampler(sampler_id, owner, self.base_model, model_path, adapter)
         else:
             self._check_base_model(body.get("base_model"))
@@ -646,25 +745,46 @@ class TrainingService:
         return {"sampling_session_id": sampler_id, "type": "create_sampling_session"}
 
     def get_sampler(self, owner: str, sampler_id: str) -> dict[str, Any]:
-        sampler = self.samplers.get(sampler_id)
-        if sampler is None or sampler.owner != owner:
-            raise NotFound(f"unknown sampler {sampler_id!r}")
+        sampler = self._lookup_sampler(owner, sampler_id)
         answer = {"sampler_id": sampler_id, "base_model": sampler.base_model}
         if sampler.model_path:
             answer["model_path"] = sampler.model_path
         return answer
 
+    def _lookup_sampler(self, owner: str, sampler_id: str) -> Sampler:
+        sampler = self.samplers.get(sampler_id)
+        if sampler is None or sampler.owner != owner:
+            reason = self.snapshots.why_freed(sampler_id)
+            if reason is not None and sampler_id.split(":", 1)[0] in self._owned_sessions(owner):
+                raise SnapshotFreed(
+                    f"sampler snapshot {sampler_id!r} was freed because {reason}; take a new "
+                    "one (save_weights_and_get_sampling_client), or save a named checkpoint "
+                    "to keep one"
+                )
+            raise NotFound(f"unknown sampling session {sampler_id!r}")
+        sampler.last_used = time.monotonic()
+        self._seen(sampler_id)
+        return sampler
+
+    def _owned_sessions(self, owner: str) -> set[str]:
+        sessions = {sid for sid, s in self.sessions.items() if s.owner == owner}
+        return sessions | {rid.split(":", 1)[0] for rid, r in self.runs.items() if r.owner == owner}
+
+    def _checkpoint_adapter(self, path: TinkerPath) -> AdapterWeights:
+        """A checkpoint's adapter, read from disk once and then served from the cache."""
+        return self.adapters.get(
+            str(path), lambda: self.store.load(path, self.engine.device, with_optimizer=False)[0]
+        )
+
     def _sampler_for(self, owner: str, body: dict[str, Any]) -> AdapterWeights | None:
         sampler_id = body.get("sampling_session_id")
         if sampler_id:
-            sampler = self.samplers.get(sampler_id)
-            if sampler is None or sampler.owner != owner:
-                raise NotFound(f"unknown sampling session {sampler_id!r}")
+            sampler = self._lookup_sampler(owner, sampler_id)
             return self.sampler_cache.get(sampler_id) if sampler.tuned else None
         if body.get("model_path"):
             path = TinkerPath.parse(body["model_path"])
             self._readable_checkpoint(owner, path)
-            return self.store.load(path, self.engine.device, with_optimizer=False)[0]
+            return self._checkpoint_adapter(path)
         self._check_base_model(body.get("base_model"))
         return None
 
@@ -789,7 +909,9 @@ class TrainingService:
         return path
 
     def delete_checkpoint(self, owner: str, run_id: str, kind: str, name: str) -> None:
-        self.store.delete(self._owned_path(owner, run_id, kind, name))
+        path = self._owned_path(owner, run_id, kind, name)
+        self.store.delete(path)
+        self.adapters.drop(str(path))
 
     def set_ttl(self, owner: str, run_id: str, kind: str, name: str, ttl: int | None) -> None:
         path = self._owned_path(owner, run_id, kind, name)
@@ -874,6 +996,8 @@ class TrainingService:
         run = self._run(owner, run_id)
         self.scheduler.close_stream(run_id, f"training run {run_id} was deleted")
         del self.runs[run_id]
+        for seq_id in self._dedup_order.pop(run_id, ()):
+            self._dedup.pop((run_id, seq_id), None)
 
         def free() -> None:
             self.residency.forget(run)
