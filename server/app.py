@@ -200,6 +200,7 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
                     "max_context_length": service.engine.max_context,
                     "trainable": True,
                     "sampleable": True,
+                    **service.base_model_facts(),
                 }
             ]
         }

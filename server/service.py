@@ -488,12 +488,20 @@ class TrainingService:
                 "arch": self.engine.model.config.model_type,
                 "model_name": run.base_model,
                 "tokenizer_id": self.tokenizer_id,
+                **self.base_model_facts(),
             },
             "is_lora": True,
             "lora_rank": run.spec.rank,
             "model_name": run.base_model,
             "optimizer_config": {"type": "adamw"},
             "type": "get_info",
+        }
+
+    def base_model_facts(self) -> dict[str, str]:
+        """What the resident base model really is: where its weights came from, its dtype."""
+        return {
+            "base_model_origin": self.engine.model_origin,
+            "dtype": str(self.engine.dtype).removeprefix("torch."),
         }
 
     def _require_state(self, run: Run) -> RunState:
