@@ -85,19 +85,19 @@ def build_parser(prog: str = "autoresearch-server") -> argparse.ArgumentParser:
         "--snapshots-per-run",
         type=int,
         default=DEFAULT_SNAPSHOTS_PER_RUN,
-        help="unnamed sampler snapshots kept per run (the newest); older ones are freed",
+        help="unnamed sampler snapshots kept per run (the newest; 0: all); older ones are freed",
     )
     parser.add_argument(
         "--snapshot-ttl-seconds",
         type=float,
         default=DEFAULT_SNAPSHOT_TTL_SECONDS,
-        help="free an unnamed sampler snapshot unused for this long",
+        help="free an unnamed sampler snapshot unused for this long (0: never)",
     )
     parser.add_argument(
         "--session-timeout-seconds",
         type=float,
         default=DEFAULT_SESSION_TIMEOUT_SECONDS,
-        help="end a session (freeing its snapshots) after this long without a heartbeat",
+        help="end a session (freeing its snapshots) this long after its last heartbeat (0: never)",
     )
     parser.add_argument("--log-json", action="store_true", help="structured JSON log lines")
     return parser
@@ -122,10 +122,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             args.max_resident_runs,
             args.idle_evict_seconds,
             args.max_resident_samplers,
-            LifecyclePolicy(
-                snapshots_per_run=args.snapshots_per_run,
-                snapshot_ttl_seconds=args.snapshot_ttl_seconds,
-                session_timeout_seconds=args.session_timeout_seconds,
+            LifecyclePolicy(  # 0 turns a bound off
+                snapshots_per_run=args.snapshots_per_run or None,
+                snapshot_ttl_seconds=args.snapshot_ttl_seconds or None,
+                session_timeout_seconds=args.session_timeout_seconds or None,
             ),
         ),
     )
