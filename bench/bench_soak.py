@@ -138,7 +138,7 @@ def rl_steps(url: str, base_model: str, steps: int, seed: int, soak: Soak, args)
 
 
 def soak_once(args, model_dir: Path, label: str, server_flags: list[str]) -> dict[str, float]:
-    from server.runtime import free_port
+    from server.entrypoints.runtime import free_port
 
     data_dir = Path(tempfile.mkdtemp(prefix="soak-data-"))
     port = free_port()

@@ -16,7 +16,7 @@ import pytest
 import tinker
 from tinker import types
 
-from server import losses
+from server.engine import losses
 from tests.server.server_helpers import (
     API_KEY,
     EngineProbe,

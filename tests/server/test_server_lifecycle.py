@@ -15,10 +15,10 @@ import pytest
 import tinker
 from tinker import types
 
-from server.checkpoints import TinkerPath
-from server.lifecycle import LifecyclePolicy
-from server.service import Limits
-from server.spill import spill_path
+from server.service.lifecycle import LifecyclePolicy
+from server.service.service import Limits
+from server.storage.checkpoints import TinkerPath
+from server.storage.spill import spill_path
 from tests.server.server_helpers import API_KEY, new_run, sft_datum, start_server
 
 TIMEOUT = 60
