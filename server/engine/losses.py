@@ -14,6 +14,8 @@ import torch
 
 Inputs = dict[str, torch.Tensor]
 Config = dict[str, float | str]
+TOKEN_MASK = "_token_mask"
+"""Input the engine adds: 1 at a row's real tokens, 0 at padding."""
 
 
 class LossError(ValueError):
@@ -72,6 +74,8 @@ def cispo(target_lp: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tens
 def dro(target_lp: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
     beta = _number(config, "beta", None)
     diff = target_lp - inputs["logprobs"]
+    if TOKEN_MASK in inputs:  # the quadratic term is not zero at padding: mask it
+        diff = diff * inputs[TOKEN_MASK]
     return -(target_lp * inputs["advantages"] - 0.5 * beta * diff**2).sum(-1)
 
 
