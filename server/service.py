@@ -38,10 +38,11 @@ from server.engine import (
 )
 from server.futures import FutureRecord, FutureStore
 from server.lora import AdapterWeights, LoraSpec
-from server.losses import LossError
+from server.losses import NEEDS_SAMPLING_RECORD, LossError
 from server.metrics import ServerMetrics
 from server.residency import Residency
 from server.sampler_cache import DEFAULT_MAX_RESIDENT, SamplerCache
+from server.sampling_records import SamplingRecords, session_of
 from server.scheduler import RunGone, Scheduler, Work
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,7 @@ class TrainingService:
             self.limits.max_resident_samplers,
             self.metrics.resident_samplers.set,
         )
+        self.sampling_records = SamplingRecords()
         self._lock = threading.Lock()
         self._sample_ids = itertools.count()
         self._dedup: dict[tuple[str, int], FutureRecord] = {}
@@ -371,8 +373,32 @@ class TrainingService:
     def _require_state(self, run: Run) -> RunState:
         return self._state(run)
 
+    def _attach_sampling_records(self, owner: str, call: ForwardBackwardCall) -> None:
+        """Fill the recorded inputs a loss like `stable_reinforce` reads from provenance."""
+        for i, datum in enumerate(call.data):
+            if datum.loss_spans is None:
+                raise LossError(
+                    f"data[{i}]: loss {call.loss_fn!r} needs provenance (loss_fn_input_spans) "
+                    "naming sequences sampled with record_stability_info=True; attach it with "
+                    "Datum.with_provenance"
+                )
+            targets = datum.inputs.get("target_tokens")
+            if targets is None or targets.ndim != 1:
+                raise LossError(f"data[{i}]: loss {call.loss_fn!r} needs 1-D target_tokens")
+            datum.inputs.update(
+                self.sampling_records.resolve(
+                    owner, session_of(call.model_id), i, targets, datum.loss_spans
+                )
+            )
+
     def forward_backward(self, owner: str, call: ForwardBackwardCall) -> FutureRecord:
         run = self._run(owner, call.model_id)
+        invalid: BaseException | None = None
+        if call.loss_fn in NEEDS_SAMPLING_RECORD:
+            try:
+                self._attach_sampling_records(owner, call)
+            except USER_ERRORS as exc:
+                invalid = exc
         job = ForwardBackwardJob(
             None,
             call.data,
@@ -380,11 +406,11 @@ class TrainingService:
             call.loss_fn_config,  # type: ignore[arg-type]
             call.forward_only,
         )
-        try:
-            self.engine.validate(job)
-            invalid = None
-        except USER_ERRORS as exc:
-            invalid = exc
+        if invalid is None:
+            try:
+                self.engine.validate(job)
+            except USER_ERRORS as exc:
+                invalid = exc
         kind = "forward" if call.forward_only else "forward_backward"
         tokens = sum(len(d.tokens) for d in job.data)
         # The request a run's stream waits on is always admitted: the SDK sends a batch's later
@@ -642,21 +668,45 @@ class TrainingService:
             prompt_logprobs=bool(body.get("prompt_logprobs")),
             topk_prompt_logprobs=int(body.get("topk_prompt_logprobs") or 0),
         )
+        recording = bool(body.get("record_stability_info"))
+        if recording and not body.get("sampling_session_id"):
+            raise UserError(
+                "record_stability_info=True needs a sampling session: records belong to the "
+                "session that sampled them"
+            )
         self.engine.validate_sample(job)
         self._check_backlog(owner, (len(tokens) + Engine._max_new(job)) * num)
         record = self.futures.create(owner, "sample")
         ids = [f"{record.request_id}:{i}" for i in range(num)]
+        done = self._complete(record, to_proto=encode_sample_response)
+        if recording:
+            done = self._recording(done, owner, body["sampling_session_id"], len(tokens), ids)
         self.scheduler.submit_sample(
             Work(
                 None,
                 "sample",
-                self._complete(record, to_proto=encode_sample_response),
+                done,
                 sample=job,
                 tokens=(len(tokens) + Engine._max_new(job)) * num,
                 owner=owner,
             )
         )
         return record, ids
+
+    def _recording(self, done, owner: str, sampler_id: str, prompt_length: int, ids: list[str]):
+        """Wrap a sample's completion so its sequences are recorded before the client sees them
+        (so a training request sent right after the result can always name them)."""
+
+        def record_then_finish(result: object | None, error: BaseException | None) -> None:
+            if error is None and result is not None:
+                for sequence_id, seq in zip(ids, result.sequences):  # type: ignore[attr-defined]
+                    self.sampling_records.add(
+                        owner, session_of(sampler_id), sequence_id, prompt_length,
+                        list(seq.tokens), list(seq.logprobs),
+                    )
+            done(result, error)
+
+        return record_then_finish
 
     # ------------------------------------------------------ rest surface
     def training_run(self, owner: str, run_id: str) -> dict[str, Any]:
