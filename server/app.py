@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
 
 from server.auth import AuthError, KeyRing
 from server.checkpoints import CheckpointError
@@ -27,6 +27,7 @@ from server.futures import LONG_POLL_SECONDS, FutureRecord
 from server.http_body import BodyTooLarge, read_body
 from server.losses import LossError
 from server.service import Backpressure, NotFound, QuotaExceeded, TrainingService
+from server.tokenizer_files import TokenizerFiles
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,10 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
         return keys.authenticate(request.headers.get("x-api-key"))
 
     Handler = Callable[[Request], Awaitable[Any]]
+
+    def _ckpt(request: Request) -> tuple[str, str, str]:
+        p = request.path_params
+        return p["run_id"], p["kind"], p["name"]
 
     def route(method: str, path: str, authenticated: bool = True):
         """Register a handler whose exceptions become the SDK's error shapes."""
@@ -180,6 +185,21 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
         await read_body(request)
         return {"status": "accepted"}
 
+    tokenizer_files = TokenizerFiles(service.engine.tokenizer, service.store.root)
+
+    @route("GET", "/tokenizer")
+    async def tokenizer(request: Request, who: str):
+        """The tokenizer files, for clients to install under the base model's Hub id."""
+        listing = await asyncio.to_thread(tokenizer_files.listing)
+        return {"hub_id": service.base_model, "files": listing}
+
+    @route("GET", "/tokenizer/{name}")
+    async def tokenizer_file(request: Request, who: str):
+        path = await asyncio.to_thread(tokenizer_files.path, request.path_params["name"])
+        if path is None:
+            raise NotFound(f"no tokenizer file {request.path_params['name']!r}")
+        return FileResponse(path, media_type="application/octet-stream")
+
     # -------------------------------------------------------- sessions
     @route("POST", "/create_session")
     async def create_session(request: Request, who: str):
@@ -237,6 +257,22 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
     async def save_for_sampler(request: Request, who: str):
         body = await _json(request)
         return _future(service.save_weights_for_sampler(who, body), model_id=body["model_id"])
+
+    @route("POST", "/save_weights_external")
+    async def save_weights_external(request: Request, who: str):
+        body = await _json(request)
+        return _future(service.save_weights_external(who, body), model_id=body["model_id"])
+
+    @route("GET", "/training_runs/{run_id}/checkpoints/{kind}/{name}/external_weights_urls")
+    async def external_weights_urls(request: Request, who: str):
+        return service.external_weights_urls(who, *_ckpt(request), str(request.base_url))
+
+    @route("GET", "/external_weights/{token}/{file}", authenticated=False)
+    async def external_weights_file(request: Request):
+        """A signed download link: the token is the authorisation (no API key header)."""
+        p = request.path_params
+        path = service.external_weights_file(p["token"], p["file"])
+        return FileResponse(path, media_type="application/octet-stream", filename=p["file"])
 
     @route("POST", "/load_weights")
     async def load_weights(request: Request, who: str):
@@ -309,10 +345,6 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
     async def user_checkpoints(request: Request, who: str):
         q = request.query_params
         return service.list_user_checkpoints(who, int(q.get("limit", 100)), int(q.get("offset", 0)))
-
-    def _ckpt(request: Request) -> tuple[str, str, str]:
-        p = request.path_params
-        return p["run_id"], p["kind"], p["name"]
 
     @route("DELETE", "/training_runs/{run_id}/checkpoints/{kind}/{name}")
     async def delete_checkpoint(request: Request, who: str):

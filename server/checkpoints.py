@@ -8,7 +8,8 @@ Layout under the data directory::
     runs/<run_id>/<kind>/<name>/optimizer.pt                 AdamW state (kind "weights" only)
     runs/<run_id>/<kind>/<name>/checkpoint.json              Tinker checkpoint metadata
 
-`kind` is `weights` (training state) or `sampler_weights`. Every write goes to a temporary
+`kind` is `weights` (training state), `sampler_weights` or `external_weights` (an export for
+download, possibly age-encrypted, never loaded back). Every write goes to a temporary
 sibling directory that is renamed into place, so a crash never leaves a half-written checkpoint
 that a later load would trust, and a checkpoint saved by one server process loads in another.
 """
@@ -21,6 +22,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,8 @@ from safetensors.torch import load_file, save_file
 
 from server.lora import ATTN_MODULES, MLP_MODULES, UNEMBED_MODULES, AdapterWeights, LoraSpec
 
-KINDS = {"weights": "training", "sampler_weights": "sampler"}
+KINDS = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
+LOADABLE_KINDS = ("weights", "sampler_weights")
 PEFT_PREFIX = "base_model.model."
 
 
@@ -169,7 +172,10 @@ class CheckpointStore:
         optimizer_state: dict | None,
         meta: dict[str, Any],
         overwrite: bool = True,
+        prepare: Callable[[Path], None] | None = None,
     ) -> dict[str, Any]:
+        """Write a checkpoint atomically; `prepare` may transform the staged files first
+        (e.g. encrypt an export) before the size and metadata are recorded."""
         target = self.checkpoint_dir(path)
         with self._lock:
             if target.exists() and not overwrite:
@@ -183,6 +189,8 @@ class CheckpointStore:
             )
             if optimizer_state is not None:
                 torch.save(optimizer_state, staging / "optimizer.pt")
+            if prepare is not None:
+                prepare(staging)
             size = sum(f.stat().st_size for f in staging.iterdir())
             record = {
                 "checkpoint_id": f"{path.kind}/{path.name}",
@@ -211,6 +219,8 @@ class CheckpointStore:
         directory = self.checkpoint_dir(path)
         if not (directory / "checkpoint.json").exists():
             raise CheckpointError(f"no checkpoint at {path}")
+        if path.kind not in LOADABLE_KINDS:
+            raise CheckpointError(f"{path} is an export for download; load a weights/ checkpoint")
         config = json.loads((directory / "adapter_config.json").read_text())
         tensors = load_file(str(directory / "adapter_model.safetensors"), device=str(device))
         adapter = adapter_from_tensors(spec_from_peft(config), tensors)
