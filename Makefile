@@ -13,8 +13,11 @@ BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 TORCH_INDEX_ARG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
+# tinker-cookbook cannot resolve from PyPI as published (it requires tml-renderers, which is not
+# there): its requirements come from the `cookbook` extra, the wheel itself with --no-deps.
+COOKBOOK_VERSION ?= 0.6.1
 
-.PHONY: setup demo test lint server clean
+.PHONY: setup cookbook demo test lint server clean
 
 setup: $(VENV)/.installed
 
@@ -22,12 +25,18 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)" $(TORCH_INDEX_ARG)
-	$(BIN)/python -m pip install --quiet -e ".[server,notebook,dev]"
+	$(BIN)/python -m pip install --quiet -e ".[server,notebook,dev,cookbook]"
+	$(BIN)/python -m pip install --quiet --no-deps "tinker-cookbook==$(COOKBOOK_VERSION)"
 	# checkov (Kubernetes policy scan) pins old packaging/networkx: it gets its own venv.
 	$(PYTHON) -m venv $(VENV)/checkov
 	$(VENV)/checkov/bin/python -m pip install --quiet checkov==3.3.30
 	ln -sf ../checkov/bin/checkov $(BIN)/checkov
 	touch $@
+
+# For an existing environment (the same two steps `setup` runs).
+cookbook:
+	$(BIN)/python -m pip install --quiet -e ".[cookbook]"
+	$(BIN)/python -m pip install --quiet --no-deps "tinker-cookbook==$(COOKBOOK_VERSION)"
 
 demo: setup
 	$(BIN)/python -m autoresearch run autoresearch/configs/demo_study.yaml

@@ -185,7 +185,9 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
         await read_body(request)
         return {"status": "accepted"}
 
-    tokenizer_files = TokenizerFiles(service.engine.tokenizer, service.store.root)
+    tokenizer_files = TokenizerFiles(
+        service.engine.tokenizer, service.engine.model.config, service.store.root
+    )
 
     @route("GET", "/tokenizer")
     async def tokenizer(request: Request, who: str):

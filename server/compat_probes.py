@@ -18,6 +18,7 @@ import inspect
 import itertools
 import logging
 import math
+import typing
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -58,17 +59,9 @@ _CONSOLE = (
     "(the URL is built on the client and never reaches the server)."
 )
 _BILLING = "Billing and pricing belong to the hosted service; the server meters nothing."
-_EXTERNAL = (
-    "Exports to an object store with signed download URLs. Every checkpoint here is "
-    "already a PEFT adapter directory on the server's disk "
-    "(`<data-dir>/runs/<run>/<kind>/<name>`), loadable with `peft` as is."
-)
-
 UNSUPPORTED: dict[tuple[str, str], str] = {
     ("ServiceClient", "get_console_url"): _CONSOLE,
     ("TrainingClient", "get_console_url"): _CONSOLE,
-    ("TrainingClient", "save_weights_external"): _EXTERNAL,
-    ("RestClient", "get_external_weights_urls"): _EXTERNAL,
     ("RestClient", "assign_session_project"): (
         "Projects are not modelled: each API key owns its sessions, runs and checkpoints."
     ),
@@ -435,7 +428,67 @@ def _forward_backward(ws: Workspace, call: Call) -> str:
     expected = -sum(sum(x) for x in lps)
     expect(abs(loss - expected) < 1e-3 * max(1.0, abs(expected)), f"loss:sum {loss} != {expected}")
     expect(max_diff(lps[0], ws.base_logprobs) < EXACT, "logprobs disagree with forward")
-    return "Per-datum logprobs of each datum's length; finite loss:sum = -sum(weights * logprobs)."
+    losses = _rl_losses(ws)
+    return (
+        "Per-datum logprobs of each datum's length; finite loss:sum = -sum(weights * logprobs). "
+        f"Every built-in RL loss ({losses}) equals its closed form on samples taken with "
+        "record_stability_info=True (stable_reinforce through provenance spans)."
+    )
+
+
+def _rl_losses(ws: Workspace) -> str:
+    """Every built-in RL loss the SDK names, on two sequences sampled from the untrained run's
+    own snapshot (so every importance ratio is 1): each loss must equal its closed form."""
+    sampler = ws.scratch.save_weights_and_get_sampling_client(record_stability_info=True).result()
+    params = tinker.SamplingParams(max_tokens=4, temperature=1.0, seed=5, stop=[])
+    seqs = sampler.sample(tinker.ModelInput.from_ints(PROMPT[:4]), 2, params).result().sequences
+    data, expected_is, expected_lp = [], 0.0, 0.0
+    for seq, advantage in zip(seqs, (1.0, -0.5), strict=True):
+        n_prompt, n = 4, len(seq.tokens)
+        pad = n_prompt - 1
+        inputs = {
+            "target_tokens": [0] * pad + list(seq.tokens),
+            "logprobs": [0.0] * pad + [float(x) for x in seq.logprobs],
+            "advantages": [0.0] * pad + [advantage] * n,
+            "sequence_ratio_mask": [0.0] * pad + [1.0] * n,
+        }
+        sid = seq.sequence_id
+        data.append(
+            tinker.Datum(
+                model_input=tinker.ModelInput.from_ints(PROMPT[:4] + list(seq.tokens[:-1])),
+                loss_fn_inputs=inputs,
+            ).with_provenance(
+                model_input=[tinker.PromptProvenanceSpan(sequence_id=sid, length=n_prompt),
+                             tinker.SampledProvenanceSpan(sequence_id=sid, length=n - 1)],
+                loss_fn_inputs=[
+                    tinker.PromptProvenanceSpan(sequence_id=sid, offset=1, length=pad),
+                    tinker.SampledProvenanceSpan(sequence_id=sid, length=n),
+                ],
+            )
+        )
+        expected_is -= advantage * n
+        expected_lp -= advantage * sum(float(x) for x in seq.logprobs)
+    closed_form = {
+        "importance_sampling": expected_is,
+        "ppo": expected_is,
+        "gspo": expected_is,
+        "cispo": expected_lp,
+        "dro": expected_lp,
+        "stable_reinforce": expected_lp,
+    }
+    config = {"dro": {"beta": 0.05}}
+    for loss_fn in typing.get_args(tinker.types.LossFnType):
+        if loss_fn in ("cross_entropy", "custom"):
+            continue  # cross_entropy is checked above; custom losses have their own method
+        expect(loss_fn in closed_form, f"no closed form for the SDK's loss {loss_fn!r}")
+        out = ws.scratch.forward(data, loss_fn, config.get(loss_fn))
+        loss = out.metrics.get("loss:sum")
+        want = closed_form[loss_fn]
+        expect(
+            loss is not None and abs(loss - want) < 1e-2 * max(1.0, abs(want)),
+            f"{loss_fn}: loss:sum {loss} != {want}",
+        )
+    return ", ".join(closed_form)
 
 
 @probe("TrainingClient", "forward_backward_custom")
@@ -537,6 +590,18 @@ def _load_state_with_optimizer(ws: Workspace, call: Call) -> str:
         "One more step after loading matches an uninterrupted run's second step exactly "
         "(weights and AdamW moments restored)."
     )
+
+
+@probe("TrainingClient", "save_weights_external")
+def _save_weights_external(ws: Workspace, call: Call) -> str:
+    name = ws.name(f"export-{call.tag}")
+    path = call(ws.trained, name, ttl_seconds=3600).path
+    run_id = ws.trained.get_info().model_id
+    expect(path == f"tinker://{run_id}/external_weights/{name}", f"unexpected path {path}")
+    ckpt = checkpoint(ws.rest, path)
+    expect(ckpt is not None and ckpt.checkpoint_type == "external", "not listed as external")
+    expect(ckpt.expires_at is not None, "ttl_seconds was not recorded")
+    return "Returns tinker://<run>/external_weights/<name>, listed as an external checkpoint."
 
 
 @probe("TrainingClient", "get_info")
@@ -850,6 +915,34 @@ def _rest_copy(ws: Workspace, call: Call) -> str:
     return (
         "Copies a sampler checkpoint into a new run of the caller's (projects are not "
         "modelled); a sampler on the copy serves the same weights."
+    )
+
+
+@probe("RestClient", "get_external_weights_urls")
+def _external_urls(ws: Workspace, call: Call) -> str:
+    import httpx
+    from safetensors.numpy import load as load_safetensors
+
+    path = ws.trained.save_weights_external(ws.name(f"urls-{call.tag}")).result().path
+    answer = call(ws.rest, path)
+    expect(
+        set(answer.urls) == {"adapter_config.json", "adapter_model.safetensors"},
+        f"files {sorted(answer.urls)}",
+    )
+    expect(answer.expires > dt.datetime.now(dt.UTC), f"URLs expire in the past ({answer.expires})")
+    files = {}
+    for name, url in answer.urls.items():
+        response = httpx.get(url, timeout=ws.timeout)  # no API key: the URL is the credential
+        expect(response.status_code == 200, f"GET {name}: HTTP {response.status_code}")
+        files[name] = response.content
+    tensors = load_safetensors(files["adapter_model.safetensors"])
+    expect(any(".lora_A." in k for k in tensors), "the download holds no LoRA tensors")
+    marker = "/api/v1/external_weights/"
+    tampered = answer.urls["adapter_config.json"].replace(marker, marker + "x")
+    expect(httpx.get(tampered, timeout=ws.timeout).status_code >= 400, "a tampered URL worked")
+    return (
+        "One signed URL per file of the PEFT adapter, fetched without a key; the files load "
+        "(LoRA tensors present) and a tampered URL is refused."
     )
 
 

@@ -26,10 +26,13 @@ TOKENIZER_DIR = ".tokenizer"
 
 
 class TokenizerFiles:
-    """The loaded tokenizer saved once to `data_dir/.tokenizer`, listed with sizes and hashes."""
+    """The loaded tokenizer (and the model's `config.json`, which `AutoTokenizer` reads to pick
+    the tokenizer class; no weights) saved once to `data_dir/.tokenizer`, listed with sizes and
+    hashes."""
 
-    def __init__(self, tokenizer: object, data_dir: Path):
+    def __init__(self, tokenizer: object, model_config: object, data_dir: Path):
         self._tokenizer = tokenizer
+        self._model_config = model_config
         self._dir = Path(data_dir) / TOKENIZER_DIR
         self._lock = threading.Lock()
         self._listing: dict[str, dict[str, object]] | None = None
@@ -40,6 +43,7 @@ class TokenizerFiles:
                 staging = Path(tempfile.mkdtemp(prefix=".tok-", dir=self._dir.parent))
                 try:
                     self._tokenizer.save_pretrained(staging)  # type: ignore[attr-defined]
+                    self._model_config.save_pretrained(staging)  # type: ignore[attr-defined]
                     shutil.rmtree(self._dir, ignore_errors=True)
                     os.replace(staging, self._dir)
                 finally:
