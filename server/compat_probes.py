@@ -18,6 +18,7 @@ import inspect
 import itertools
 import logging
 import math
+import os
 import typing
 import warnings
 from collections.abc import Callable, Iterator
@@ -682,16 +683,20 @@ def _get_base_model(ws: Workspace, call: Call) -> str:
 
 @probe("SamplingClient", "get_tokenizer")
 def _sampler_tokenizer(ws: Workspace, call: Call) -> str:
-    try:
-        tokenizer = call(ws.base_sampler)
-    except OSError as exc:
-        raise CheckFailed(
-            "the SDK loads this tokenizer by base-model name alone (a SamplingClient has no "
-            f"tokenizer_id), so {ws.base_model!r} must be a local directory or reachable on the "
-            f"Hugging Face Hub; use TrainingClient.get_tokenizer instead ({exc.__class__.__name__})"
-        ) from None
-    _check_tokenizer(tokenizer)
-    return "Loads by base-model name (a local directory here) and round-trips text."
+    """The SDK loads this tokenizer by base-model name alone (a SamplingClient has no
+    tokenizer_id). A Hub id is first installed from the server into the Hugging Face cache,
+    as docs/cookbook.md tells clients to."""
+    how = "by base-model name (a local directory here)"
+    if ws.base_model.count("/") == 1 and not os.path.exists(ws.base_model):
+        from server.tokenizer_files import install_tokenizer
+
+        install_tokenizer(ws.url, ws.api_key)
+        how = (
+            f"by Hub id ({ws.base_model}) after `python -m server.tokenizer_files` installed "
+            "the server's tokenizer into the Hugging Face cache"
+        )
+    _check_tokenizer(call(ws.base_sampler))
+    return f"Loads {how} and round-trips text."
 
 
 @probe("SamplingClient", "create")
