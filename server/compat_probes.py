@@ -482,9 +482,13 @@ def _rl_losses(ws: Workspace) -> str:
         if loss_fn in ("cross_entropy", "custom"):
             continue  # cross_entropy is checked above; custom losses have their own method
         expect(loss_fn in closed_form, f"no closed form for the SDK's loss {loss_fn!r}")
-        out = ws.scratch.forward(data, loss_fn, config.get(loss_fn))
+        out = ws.scratch.forward(data, loss_fn, config.get(loss_fn)).result()
         loss = out.metrics.get("loss:sum")
         want = closed_form[loss_fn]
+        if loss_fn == "dro":  # its quadratic term counts at every position, prompt included
+            for d, lps in zip(data, logprobs_of(out), strict=True):
+                q = d.loss_fn_inputs["logprobs"].tolist()
+                want += 0.5 * 0.05 * sum((lp - s) ** 2 for lp, s in zip(lps, q, strict=True))
         expect(
             loss is not None and abs(loss - want) < 1e-2 * max(1.0, abs(want)),
             f"{loss_fn}: loss:sum {loss} != {want}",

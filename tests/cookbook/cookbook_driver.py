@@ -33,6 +33,10 @@ def attempt(entry: str, fn) -> object:
     return result
 
 
+def _is_final(record: dict) -> bool:
+    return bool(record.get("final")) or record.get("name") == "final"
+
+
 def main() -> None:
     model_name, work, base_dir = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     base_url = os.environ["TINKER_BASE_URL"]
@@ -93,14 +97,16 @@ def main() -> None:
         # Stand for a run killed before its final save: drop the final record, so the next run
         # resumes from the last periodic checkpoint (weights and optimizer state).
         ledger = sl_log / "checkpoints.jsonl"
-        lines = ledger.read_text().splitlines()
-        ledger.write_text("".join(line + "\n" for line in lines if '"final": true' not in line))
+        kept = [line for line in ledger.read_text().splitlines()
+                if line.strip() and not _is_final(json.loads(line))]
+        ledger.write_text("".join(line + "\n" for line in kept))
         return records()
 
     def sl_resume() -> dict:
         asyncio.run(sl_train.main(sl_config(4)))
         found = records()
-        found["final"] = [c.name for c in load_checkpoints_file(str(sl_log)) if c.final]
+        ledger = load_checkpoints_file(str(sl_log))
+        found["final"] = [c.name for c in ledger if _is_final(c.to_dict())]
         return found
 
     attempt("supervised.train.main (save_every, checkpoints.jsonl)", sl_first)
