@@ -38,7 +38,7 @@ from server.engine import (
 )
 from server.futures import FutureRecord, FutureStore
 from server.lora import AdapterWeights, LoraSpec
-from server.losses import NEEDS_SAMPLING_RECORD, LossError
+from server.losses import LOSSES, NEEDS_SAMPLING_RECORD, LossError
 from server.metrics import ServerMetrics
 from server.residency import Residency
 from server.sampler_cache import DEFAULT_MAX_RESIDENT, SamplerCache
@@ -749,6 +749,12 @@ class TrainingService:
             topk_prompt_logprobs=int(body.get("topk_prompt_logprobs") or 0),
         )
         recording = bool(body.get("record_stability_info"))
+        if recording and not NEEDS_SAMPLING_RECORD & LOSSES.keys():
+            # Refused before any rollout is sampled: nothing here could train on the record.
+            raise UserError(
+                "record_stability_info=True is for stable_reinforce, which this server does "
+                "not support; sample without it and train with another loss_fn"
+            )
         if recording and not body.get("sampling_session_id"):
             raise UserError(
                 "record_stability_info=True needs a sampling session: records belong to the "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import httpx
 import numpy as np
 import pytest
 import tinker
@@ -173,3 +174,17 @@ def test_gspo_and_dro_defaults_through_the_sdk(service_client, base_model, seque
     assert math.isfinite(fb.metrics["loss:sum"])
     with pytest.raises(tinker.RequestFailedError, match="documents no default"):
         client.forward_backward([datum], "dro").result()
+
+
+def test_recorded_sampling_is_refused_up_front_when_it_cannot_be_trained_on(
+    tiny_server, base_model, monkeypatch
+):
+    body = {"num_samples": 1, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5, 6]}]},
+            "sampling_params": {"max_tokens": 2}, "base_model": base_model,
+            "record_stability_info": True, "type": "sample"}
+    headers = {"X-API-Key": API_KEY}
+    answer = httpx.post(f"{tiny_server.url}/api/v1/asample", json=body, headers=headers)
+    assert answer.status_code == 400 and "sampling session" in answer.json()["error"]
+    monkeypatch.delitem(losses.LOSSES, "stable_reinforce")
+    answer = httpx.post(f"{tiny_server.url}/api/v1/asample", json=body, headers=headers)
+    assert answer.status_code == 400 and "not support" in answer.json()["error"]
