@@ -222,6 +222,10 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
         q = request.query_params
         return service.list_sessions(who, int(q.get("limit", 20)), int(q.get("offset", 0)))
 
+    @route("POST", "/sessions/search")
+    async def search_sessions(request: Request, who: str):
+        return service.search_sessions(who, await _json(request))
+
     @route("GET", "/sessions/{session_id}")
     async def session(request: Request, who: str):
         return service.get_session(who, request.path_params["session_id"])

@@ -69,10 +69,6 @@ UNSUPPORTED: dict[tuple[str, str], str] = {
     ("RestClient", "export_session_trace"): (
         "Perfetto timeline exports are built by the hosted service and served from signed URLs."
     ),
-    ("RestClient", "search_sessions"): (
-        "Organization-wide search over projects, owners and statuses; `list_sessions` and "
-        "`get_session` cover a key's own sessions."
-    ),
     ("RestClient", "whoami"): (
         "Decodes identity claims from a JWT; the server authenticates plain API keys "
         "(`pjwt_auth_enabled` is false), so there is no JWT to read."
@@ -857,6 +853,29 @@ def _get_session(ws: Workspace, call: Call) -> str:
     expect(ws.trained.get_info().model_id in session.training_run_ids, "run missing")
     expect(session.sampler_ids, "no sampler ids")
     return "The session's training runs and samplers."
+
+
+@probe("RestClient", "search_sessions")
+def _search_sessions(ws: Workspace, call: Call) -> str:
+    from tinker.types import ClientFinishedSessionStatusQuery, SessionSearchRequest
+
+    mine = ws.session_id
+    found = call(ws.rest, SessionSearchRequest(session_id=mine))
+    expect([s.session_id for s in found.sessions] == [mine], "the exact session id did not match")
+    expect(found.sessions[0].checkpoints_count >= 1, "checkpoints of the session not counted")
+    finished = call(ws.rest, SessionSearchRequest(
+        session_id=mine, statuses=[ClientFinishedSessionStatusQuery()]))
+    expect(not finished.sessions, "a running session matched a finished-status filter")
+    page = call(ws.rest, SessionSearchRequest(limit=1))
+    expect(len(page.sessions) == 1, f"{len(page.sessions)} sessions for limit=1")
+    if page.next_cursor is not None:
+        more = call(ws.rest, SessionSearchRequest(limit=1, cursor=page.next_cursor))
+        expect(all(s.session_id != page.sessions[0].session_id for s in more.sessions),
+               "the next page repeats the first")
+    return (
+        "The key's own sessions (there are no projects or organisations): exact id, status "
+        "filter, newest first, paging by cursor, checkpoints counted."
+    )
 
 
 @probe("RestClient", "get_sampler")

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from server import session_search
 from server.checkpoints import CheckpointError, CheckpointStore, TinkerPath, now_iso, validate_name
 from server.codec import (
     ForwardBackwardCall,
@@ -90,6 +91,7 @@ class Session:
     finished: str | None = None
     run_ids: list[str] = field(default_factory=list)
     sampler_ids: list[str] = field(default_factory=list)
+    display_name: str | None = None
 
 
 @dataclass
@@ -299,7 +301,11 @@ class TrainingService:
     def create_session(self, owner: str, body: dict[str, Any]) -> dict[str, Any]:
         session_id = f"sess-{uuid.uuid4().hex[:12]}"
         self.sessions[session_id] = Session(
-            session_id, owner, list(body.get("tags") or []), dict(body.get("user_metadata") or {})
+            session_id,
+            owner,
+            list(body.get("tags") or []),
+            dict(body.get("user_metadata") or {}),
+            display_name=body.get("display_name"),
         )
         return {"session_id": session_id, "type": "create_session"}
 
@@ -939,6 +945,13 @@ class TrainingService:
     def list_sessions(self, owner: str, limit: int, offset: int) -> dict[str, Any]:
         ids = [sid for sid, s in self.sessions.items() if s.owner == owner]
         return {"sessions": ids[offset : offset + limit]}
+
+    def search_sessions(self, owner: str, body: dict[str, Any]) -> dict[str, Any]:
+        def checkpoints_of(session: Any) -> int:
+            return sum(len(self.store.list(rid)) for rid in session.run_ids
+                       if self.store.read_run(rid) is not None)
+
+        return session_search.search(list(self.sessions.values()), owner, body, checkpoints_of)
 
     def get_session(self, owner: str, session_id: str) -> dict[str, Any]:
         session = self._session(owner, session_id)
