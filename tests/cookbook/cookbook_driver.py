@@ -41,9 +41,9 @@ def main() -> None:
     model_name, work, base_dir = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     base_url = os.environ["TINKER_BASE_URL"]
 
-    from server.tokenizer_files import install_tokenizer
+    from server.entrypoints.install_tokenizer import install_tokenizer
 
-    attempt("server.tokenizer_files.install_tokenizer",
+    attempt("server.entrypoints.install_tokenizer",
             lambda: {"hub_id": install_tokenizer()[0]})
 
     import tinker

@@ -1,7 +1,7 @@
 """Unmodified tinker-cookbook loops against the server, on the tiny model.
 
 The cookbook runs in its own process, as on a client machine: an empty Hugging Face cache with
-HF_HUB_OFFLINE=1 (the tokenizer comes from the server through `server.tokenizer_files`), the
+HF_HUB_OFFLINE=1 (the tokenizer comes from the server through `autoresearch-install-tokenizer`), the
 key and URL from the environment. It covers `supervised.train` with checkpoints and a resume,
 sync `rl.train` with importance_sampling, `rl.train` with `AsyncConfig` and its default loss
 (stable_reinforce), and `weights.download` of the result loaded with `peft`.
@@ -67,7 +67,7 @@ def _ok(entries: dict[str, dict], name: str) -> dict:
 
 
 def test_tokenizer_is_installed_from_the_server_and_loads_offline(entries):
-    assert _ok(entries, "server.tokenizer_files.install_tokenizer")["hub_id"] == MODEL_NAME
+    assert _ok(entries, "server.entrypoints.install_tokenizer")["hub_id"] == MODEL_NAME
     assert _ok(entries, "tokenizer_utils.get_tokenizer")["vocab"] > 0
     assert _ok(entries, "SamplingClient.get_tokenizer")["sampling_vocab"] > 0
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import tinker
 
-from server import compat_probes, compat_report
-from server.compat_report import Status
 from tests.server.server_helpers import API_KEY
+from tools import compat_probes, compat_report
+from tools.compat_report import Status
 
 SUPPORTED_FLOOR = 88
 """Measured on SDK 0.38.0: 88 of 107 methods are supported (19 unsupported by design)."""

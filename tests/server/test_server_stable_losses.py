@@ -12,9 +12,9 @@ import tinker
 import torch
 from tinker import types
 
-from server import losses
-from server.codec import Span
-from server.sampling_records import SamplingRecords
+from server.engine import losses
+from server.protocol.codec import Span
+from server.service.sampling_records import SamplingRecords
 from tests.server.server_helpers import API_KEY, new_run, rl_datum
 
 

@@ -15,8 +15,8 @@ import pytest
 import tinker
 from safetensors.numpy import load as load_safetensors
 
-from server.tokenizer_files import install_tokenizer
-from server.weight_export import ExportError, UrlSigner
+from server.entrypoints.install_tokenizer import install_tokenizer
+from server.storage.weight_export import ExportError, UrlSigner
 from tests.server.server_helpers import new_run, sft_datum, sft_step, start_server
 
 ALICE, BOB = "tml-export-alice", "tml-export-bob"
@@ -42,7 +42,7 @@ def test_export_is_the_runs_adapter_behind_owner_scoped_signed_urls(keyed_server
     assert set(answer.urls) == {"adapter_config.json", "adapter_model.safetensors"}
     files = {name: httpx.get(url).content for name, url in answer.urls.items()}
     checkpoint_dir = keyed_server.service.store.checkpoint_dir
-    from server.checkpoints import TinkerPath
+    from server.storage.checkpoints import TinkerPath
 
     saved = (checkpoint_dir(TinkerPath.parse(state)) / "adapter_model.safetensors").read_bytes()
     exported, kept = load_safetensors(files["adapter_model.safetensors"]), load_safetensors(saved)
