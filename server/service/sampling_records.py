@@ -1,8 +1,8 @@
 """What `record_stability_info=True` keeps of each sampled sequence, for `stable_reinforce`.
 
 A sampling request made with `record_stability_info=True` leaves, per returned sequence, the
-prompt, the sampled tokens and the sampler's log-probability of each sampled token, keyed by the
-sequence's `sequence_id`. A training request names those sequences through its datums'
+prompt's length, the sampled tokens and the sampler's log-probability of each sampled token,
+keyed by the sequence's `sequence_id`. A training request names those sequences through its datums'
 provenance spans (`loss_fn_input_spans`); `resolve` turns the spans into two per-position inputs
 the loss reads (`recorded_logprobs`, `recorded_mask`).
 
@@ -27,7 +27,9 @@ from server.engine.losses import RECORDED_LOGPROBS, RECORDED_MASK, LossError
 from server.protocol.codec import Span
 
 DAY_SECONDS = 24 * 3600.0
-DEFAULT_MAX_TOKENS = 8_000_000  # about 100 MB of prompts, tokens and log-probabilities
+DEFAULT_MAX_TOKENS = 8_000_000
+"""Budget in prompt plus sampled tokens; only sampled tokens and their log-probabilities are
+stored (12 bytes each), so the records stay under about 100 MB."""
 
 
 @dataclass
