@@ -440,6 +440,10 @@ class Trial:
         stage: str,
     ) -> EvalResult:
         started = time.time()
+        self.progress(
+            {"type": "eval_start", "phase": "eval", "stage": stage, "split": split,
+             "tasks": len(tasks)}
+        )
         result = evaluate(
             sampler,
             tokenizer,

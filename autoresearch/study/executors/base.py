@@ -32,7 +32,8 @@ class TrialJob:
 
 class Executor(Protocol):
     def run(self, job: TrialJob, on_step: StepSink) -> TrialResult:
-        """Run (or re-attach to, or resume) the trial; raise if it crashed."""
+        """Run (or re-attach to, or resume) the trial; raise if it crashed. `on_step` gets every
+        step entry (`type` "step") and may get evaluation events (`eval_start`, `eval`)."""
         ...
 
     def close(self) -> None: ...
