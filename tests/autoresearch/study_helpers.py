@@ -66,9 +66,11 @@ class SyntheticExecutor:
             for step in range(2):
                 on_step({"type": "step", "phase": "rl", "step": step, "time": time.time(),
                          "reward_mean": p * (step + 1) / 2, "accuracy": p, "tokens": 50})
-            return TrialResult(Path(job.directory), summary("dev", draw(job.config, "dev", p,
-                                                                          self.tasks)),
-                               summary("test", draw(job.config, "test", p, self.tasks)),
+            ev = job.config.eval
+            dev = summary("dev", draw(job.config, "dev", p, self.tasks)) if ev.dev_tasks else None
+            test = (summary("test", draw(job.config, "test", p, self.tasks))
+                    if ev.test_tasks else None)
+            return TrialResult(Path(job.directory), dev, test,
                                steps=2, tokens=100, wall_seconds=self.delay,
                                checkpoint=f"tinker://{job.id}/weights/final")
         finally:
