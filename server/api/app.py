@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
 
 from server.api.auth import AuthError, KeyRing
 from server.api.http_body import BodyTooLarge, read_body
@@ -35,6 +35,7 @@ from server.service.service import (
     TrainingService,
 )
 from server.storage.checkpoints import CheckpointError
+from server.storage.tokenizer_files import TokenizerFiles
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,10 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
         return keys.authenticate(request.headers.get("x-api-key"))
 
     Handler = Callable[[Request], Awaitable[Any]]
+
+    def _ckpt(request: Request) -> tuple[str, str, str]:
+        p = request.path_params
+        return p["run_id"], p["kind"], p["name"]
 
     def route(method: str, path: str, authenticated: bool = True):
         """Register a handler whose exceptions become the SDK's error shapes."""
@@ -210,6 +215,23 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
         await read_body(request)
         return {"status": "accepted"}
 
+    tokenizer_files = TokenizerFiles(
+        service.engine.tokenizer, service.engine.model.config, service.store.root
+    )
+
+    @route("GET", "/tokenizer")
+    async def tokenizer(request: Request, who: str):
+        """The tokenizer files, for clients to install under the base model's Hub id."""
+        listing = await asyncio.to_thread(tokenizer_files.listing)
+        return {"hub_id": service.base_model, "files": listing}
+
+    @route("GET", "/tokenizer/{name}")
+    async def tokenizer_file(request: Request, who: str):
+        path = await asyncio.to_thread(tokenizer_files.path, request.path_params["name"])
+        if path is None:
+            raise NotFound(f"no tokenizer file {request.path_params['name']!r}")
+        return FileResponse(path, media_type="application/octet-stream")
+
     # -------------------------------------------------------- sessions
     @route("POST", "/create_session")
     async def create_session(request: Request, who: str):
@@ -228,6 +250,10 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
     @route("GET", "/sessions")
     async def sessions(request: Request, who: str):
         return await off(service.list_sessions, who, *_page(request, 20))
+
+    @route("POST", "/sessions/search")
+    async def search_sessions(request: Request, who: str):
+        return service.search_sessions(who, await _json(request))
 
     @route("GET", "/sessions/{session_id}")
     async def session(request: Request, who: str):
@@ -268,6 +294,22 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
         return _future(
             await off(service.save_weights_for_sampler, who, body), model_id=body["model_id"]
         )
+
+    @route("POST", "/save_weights_external")
+    async def save_weights_external(request: Request, who: str):
+        body = await _json(request)
+        return _future(service.save_weights_external(who, body), model_id=body["model_id"])
+
+    @route("GET", "/training_runs/{run_id}/checkpoints/{kind}/{name}/external_weights_urls")
+    async def external_weights_urls(request: Request, who: str):
+        return service.external_weights_urls(who, *_ckpt(request), str(request.base_url))
+
+    @route("GET", "/external_weights/{token}/{file}", authenticated=False)
+    async def external_weights_file(request: Request):
+        """A signed download link: the token is the authorisation (no API key header)."""
+        p = request.path_params
+        path = service.external_weights_file(p["token"], p["file"])
+        return FileResponse(path, media_type="application/octet-stream", filename=p["file"])
 
     @route("POST", "/load_weights")
     async def load_weights(request: Request, who: str):
@@ -338,10 +380,6 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
     @route("GET", "/checkpoints")
     async def user_checkpoints(request: Request, who: str):
         return await off(service.list_user_checkpoints, who, *_page(request, 100))
-
-    def _ckpt(request: Request) -> tuple[str, str, str]:
-        p = request.path_params
-        return p["run_id"], p["kind"], p["name"]
 
     @route("DELETE", "/training_runs/{run_id}/checkpoints/{kind}/{name}")
     async def delete_checkpoint(request: Request, who: str):

@@ -329,8 +329,10 @@ class Engine:
         if loss_fn == "cross_entropy":
             weights = inputs["weights"]
             return (weights != 0).flatten(2).any(-1) if weights.dim() > 2 else weights != 0
-        if loss_fn in ("importance_sampling", "ppo", "cispo"):
+        if loss_fn in ("importance_sampling", "ppo", "cispo", "gspo"):
             return inputs["advantages"] != 0
+        if loss_fn in losses.NEEDS_SAMPLING_RECORD:
+            return inputs[losses.RECORDED_MASK] != 0
         return real.bool()  # e.g. dro: its quadratic term is not masked by the advantages
 
     def forward_backward(self, jobs: list[ForwardBackwardJob]) -> list[ForwardBackwardResult]:

@@ -48,6 +48,11 @@ def build_parser(prog: str = "autoresearch-server") -> argparse.ArgumentParser:
         default=None,
         help="tokenizer id reported to clients (default: the model's)",
     )
+    parser.add_argument(
+        "--model-name",
+        default=None,
+        help="name clients address the model by (e.g. the Hub id of a local directory)",
+    )
     parser.add_argument("--max-runs-per-key", type=int, default=None)
     parser.add_argument(
         "--max-queued-tokens-per-key",
@@ -108,6 +113,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         api_keys_file=args.api_keys_file,
         fuse=not args.no_fuse,
         tokenizer_id=args.tokenizer_id,
+        model_name=args.model_name,
         limits=Limits(
             args.max_runs_per_key,
             args.max_queued_tokens_per_key,

@@ -33,7 +33,7 @@ from server.engine.engine import (
 )
 from server.engine.lora import AdapterWeights, LoraSpec
 from server.engine.loss_config import check_loss_config
-from server.engine.losses import LossError
+from server.engine.losses import LOSSES, NEEDS_SAMPLING_RECORD, LossError
 from server.observability.metrics import ServerMetrics
 from server.protocol.codec import (
     ForwardBackwardCall,
@@ -42,9 +42,11 @@ from server.protocol.codec import (
 )
 from server.protocol.futures import FutureRecord, FutureStore
 from server.scheduling.scheduler import RunGone, Scheduler, Work
+from server.service import session_search
 from server.service.lifecycle import LifecyclePolicy, SnapshotLedger
 from server.service.optim_params import parse_adam_params
 from server.service.request_fields import flag, integer, number, optional_integer
+from server.service.sampling_records import SamplingRecords, session_of
 from server.storage.adapter_cache import AdapterCache
 from server.storage.checkpoints import (
     CheckpointError,
@@ -55,6 +57,13 @@ from server.storage.checkpoints import (
 )
 from server.storage.residency import Residency
 from server.storage.sampler_cache import DEFAULT_MAX_RESIDENT, SamplerCache
+from server.storage.weight_export import (
+    ExportError,
+    UrlSigner,
+    downloadable_files,
+    encrypt_in_place,
+    owner_hash,
+)
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +117,7 @@ class Session:
     ended_at: float | None = None
     run_ids: list[str] = field(default_factory=list)
     sampler_ids: list[str] = field(default_factory=list)
+    display_name: str | None = None
 
 
 @dataclass
@@ -180,6 +190,8 @@ class TrainingService:
             self.limits.max_resident_samplers,
             self.metrics.resident_samplers.set,
         )
+        self.sampling_records = SamplingRecords()
+        self.url_signer = UrlSigner()
         self._lock = threading.Lock()
         self._sample_ids = itertools.count()
         self._dedup: dict[tuple[str, int], FutureRecord] = {}
@@ -420,7 +432,11 @@ class TrainingService:
     def create_session(self, owner: str, body: dict[str, Any]) -> dict[str, Any]:
         session_id = f"sess-{uuid.uuid4().hex[:12]}"
         self.sessions[session_id] = Session(
-            session_id, owner, list(body.get("tags") or []), dict(body.get("user_metadata") or {})
+            session_id,
+            owner,
+            list(body.get("tags") or []),
+            dict(body.get("user_metadata") or {}),
+            display_name=body.get("display_name"),
         )
         return {"session_id": session_id, "type": "create_session"}
 
@@ -513,8 +529,32 @@ class TrainingService:
     def _require_state(self, run: Run) -> RunState:
         return self._state(run)
 
+    def _attach_sampling_records(self, owner: str, call: ForwardBackwardCall) -> None:
+        """Fill the recorded inputs a loss like `stable_reinforce` reads from provenance."""
+        for i, datum in enumerate(call.data):
+            if datum.loss_spans is None:
+                raise LossError(
+                    f"data[{i}]: loss {call.loss_fn!r} needs provenance (loss_fn_input_spans) "
+                    "naming sequences sampled with record_stability_info=True; attach it with "
+                    "Datum.with_provenance"
+                )
+            targets = datum.inputs.get("target_tokens")
+            if targets is None or targets.ndim != 1:
+                raise LossError(f"data[{i}]: loss {call.loss_fn!r} needs 1-D target_tokens")
+            datum.inputs.update(
+                self.sampling_records.resolve(
+                    owner, session_of(call.model_id), i, targets, datum.loss_spans
+                )
+            )
+
     def forward_backward(self, owner: str, call: ForwardBackwardCall) -> FutureRecord:
         run = self._run(owner, call.model_id)
+        invalid: BaseException | None = None
+        if call.loss_fn in NEEDS_SAMPLING_RECORD:
+            try:
+                self._attach_sampling_records(owner, call)
+            except USER_ERRORS as exc:
+                invalid = exc
         job = ForwardBackwardJob(
             None,
             call.data,
@@ -522,12 +562,12 @@ class TrainingService:
             call.loss_fn_config,  # type: ignore[arg-type]
             call.forward_only,
         )
-        try:
-            check_loss_config(call.loss_fn, call.loss_fn_config)
-            self.engine.validate(job)
-            invalid = None
-        except USER_ERRORS as exc:
-            invalid = exc
+        if invalid is None:
+            try:
+                check_loss_config(call.loss_fn, call.loss_fn_config)
+                self.engine.validate(job)
+            except USER_ERRORS as exc:
+                invalid = exc
         kind = "forward" if call.forward_only else "forward_backward"
         tokens = sum(len(d.tokens) for d in job.data)
         # The request a run's stream waits on is always admitted: the SDK sends a batch's later
@@ -655,6 +695,78 @@ class TrainingService:
             "save_weights_for_sampler",
             lambda rec: Work(run.run_id, "save_for_sampler", self._complete(rec), action=save),
         )
+
+    def save_weights_external(self, owner: str, body: dict[str, Any]) -> FutureRecord:
+        """Export the run's adapter as it is (a PEFT adapter), for download over signed URLs."""
+        run = self._run(owner, body["model_id"])
+        name = body.get("path")
+        if not name:
+            raise UserError("save_weights_external needs a name (path)")
+        validate_name(name)
+        path = TinkerPath(run.run_id, "external_weights", name)
+        recipients = body.get("age_encryption_recipients")
+        if recipients is not None and (
+            not isinstance(recipients, list) or not 1 <= len(recipients) <= 10
+        ):
+            raise UserError("age_encryption_recipients takes a list of 1 to 10 recipients")
+        prepare = None if not recipients else lambda d: encrypt_in_place(d, list(recipients))
+        meta = self._ttl_meta(body)
+
+        def save() -> dict[str, Any]:
+            state = self._require_state(run)
+            record = self.store.save(
+                path, state.adapter, run.base_model, None, meta, prepare=prepare
+            )
+            return {
+                "path": str(path),
+                "size_bytes": record["size_bytes"],
+                "type": "save_weights_external",
+            }
+
+        return self._ordered(
+            owner,
+            run,
+            body.get("seq_id"),
+            "save_weights_external",
+            lambda rec: Work(run.run_id, "save_weights_external", self._complete(rec),
+                             action=save),
+        )
+
+    def external_weights_urls(
+        self, owner: str, run_id: str, kind: str, name: str, base_url: str
+    ) -> dict[str, Any]:
+        """Signed, expiring download URLs for each file of an export the caller owns."""
+        if kind != "external_weights":
+            raise UserError(
+                "download URLs exist only for external weights "
+                "(tinker://<run>/external_weights/<name>); export with save_weights_external"
+            )
+        path = self._owned_path(owner, run_id, kind, name)
+        expires = time.time() + self.url_signer.lifetime
+        urls = {
+            file: f"{base_url.rstrip('/')}/api/v1/external_weights/"
+            f"{self.url_signer.sign(owner, str(path), file, expires)}/{file}"
+            for file in downloadable_files(self.store.checkpoint_dir(path))
+        }
+        expiry = dt.datetime.fromtimestamp(int(expires), dt.UTC)
+        return {"urls": urls, "expires": expiry.isoformat()}
+
+    def external_weights_file(self, token: str, file: str) -> Path:
+        """The file a signed URL names, if the link is valid and its owner still owns it."""
+        signed_owner, tinker_path, signed_file = self.url_signer.verify(token)
+        if file != signed_file:
+            raise ExportError("this download link is for another file")
+        path = TinkerPath.parse(tinker_path)
+        run_owner = (self.store.read_run(path.run_id) or {}).get("owner")
+        directory = self.store.checkpoint_dir(path)
+        if run_owner is None or owner_hash(run_owner) != signed_owner:
+            raise NotFound("no such export")
+        if file not in (downloadable_files(directory) if directory.is_dir() else []):
+            raise NotFound("no such export (it was deleted or has expired)")
+        expires_at = self.store.read_meta(path).get("expires_at")
+        if expires_at and dt.datetime.fromisoformat(expires_at) <= dt.datetime.now(dt.UTC):
+            raise NotFound("this export has expired")
+        return directory / file
 
     def _register_sampler(
         self, sampler: Sampler, reload: Callable[[], AdapterWeights] | None = None
@@ -832,21 +944,51 @@ class TrainingService:
                 body.get("topk_prompt_logprobs") or 0, "topk_prompt_logprobs"
             ),
         )
+        recording = bool(body.get("record_stability_info"))
+        if recording and not NEEDS_SAMPLING_RECORD & LOSSES.keys():
+            # Refused before any rollout is sampled: nothing here could train on the record.
+            raise UserError(
+                "record_stability_info=True is for stable_reinforce, which this server does "
+                "not support; sample without it and train with another loss_fn"
+            )
+        if recording and not body.get("sampling_session_id"):
+            raise UserError(
+                "record_stability_info=True needs a sampling session: records belong to the "
+                "session that sampled them"
+            )
         self.engine.validate_sample(job)
         self._check_backlog(owner, (len(tokens) + Engine._max_new(job)) * num)
         record = self.futures.create(owner, "sample")
         ids = [f"{record.request_id}:{i}" for i in range(num)]
+        done = self._complete(record, to_proto=encode_sample_response)
+        if recording:
+            done = self._recording(done, owner, body["sampling_session_id"], len(tokens), ids)
         self.scheduler.submit_sample(
             Work(
                 None,
                 "sample",
-                self._complete(record, to_proto=encode_sample_response),
+                done,
                 sample=job,
                 tokens=(len(tokens) + Engine._max_new(job)) * num,
                 owner=owner,
             )
         )
         return record, ids
+
+    def _recording(self, done, owner: str, sampler_id: str, prompt_length: int, ids: list[str]):
+        """Wrap a sample's completion so its sequences are recorded before the client sees them
+        (so a training request sent right after the result can always name them)."""
+
+        def record_then_finish(result: object | None, error: BaseException | None) -> None:
+            if error is None and result is not None:
+                for sequence_id, seq in zip(ids, result.sequences):  # type: ignore[attr-defined]
+                    self.sampling_records.add(
+                        owner, session_of(sampler_id), sequence_id, prompt_length,
+                        list(seq.tokens), list(seq.logprobs),
+                    )
+            done(result, error)
+
+        return record_then_finish
 
     # ------------------------------------------------------ rest surface
     def training_run(self, owner: str, run_id: str) -> dict[str, Any]:
@@ -996,6 +1138,13 @@ class TrainingService:
     def list_sessions(self, owner: str, limit: int, offset: int) -> dict[str, Any]:
         ids = [sid for sid, s in self.sessions.items() if s.owner == owner]
         return {"sessions": ids[offset : offset + limit]}
+
+    def search_sessions(self, owner: str, body: dict[str, Any]) -> dict[str, Any]:
+        def checkpoints_of(session: Any) -> int:
+            return sum(len(self.store.list(rid)) for rid in session.run_ids
+                       if self.store.read_run(rid) is not None)
+
+        return session_search.search(list(self.sessions.values()), owner, body, checkpoints_of)
 
     def get_session(self, owner: str, session_id: str) -> dict[str, Any]:
         session = self._session(owner, session_id)
