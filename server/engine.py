@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 import torch.utils.checkpoint
 
-from server import losses
+from server import losses, prefix_sharing
 from server.codec import Datum, SampledSequence, SampleResult
 from server.lora import AdapterWeights, LoraSpec, RowGroup, new_adapter, routing, wrap_model
 from server.model_loading import LoadedModel
@@ -103,6 +104,7 @@ backward cost about 1 MiB per token on Gemma 3 270M, so a CPU box sharing its RA
 everything else gets small micro-batches; they are large enough to keep its cores busy."""
 DEFAULT_TOKENS_PER_MICROBATCH = 8192
 HEAD_CHUNK = 512
+SHARE_PREFIXES_ENV = "AUTORESEARCH_SHARE_PREFIXES"
 """Positions per output-head chunk (bounds the vocabulary-wide tensors: about 1 MiB per
 position each on Gemma's 262k vocabulary)."""
 
@@ -124,7 +126,12 @@ def _cache_of(output: object) -> object:
 class Engine:
     """Owns the base model and runs batched training and sampling on it."""
 
-    def __init__(self, loaded: LoadedModel, max_context: int | None = None):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        max_context: int | None = None,
+        share_prefixes: bool | None = None,
+    ):
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.model_name = loaded.model_name
@@ -145,6 +152,21 @@ class Engine:
         self.tokens_per_microbatch = TOKENS_PER_MICROBATCH.get(
             torch.device(self.device).type, DEFAULT_TOKENS_PER_MICROBATCH
         )
+        if share_prefixes is None:
+            share_prefixes = os.environ.get(SHARE_PREFIXES_ENV, "1") != "0"
+        self.share_prefixes = share_prefixes
+        """Compute prompt prefixes shared by several datums once (see `prefix_sharing`); off:
+        every datum on its own row, as before (kept for benchmarks and as a reference)."""
+        self._layer_types = set(getattr(config, "layer_types", None) or [])
+        self._sliding_window = getattr(config, "sliding_window", None)
+        attn = getattr(config, "_attn_implementation", None)
+        # Packed rows need per-layer-type 4-D masks, which Gemma 3 takes with SDPA or eager.
+        self._can_pack = (
+            bool(self._layer_types)
+            and self._layer_types <= {"sliding_attention", "full_attention"}
+            and attn in ("sdpa", "eager")
+        )
+        self._additive_masks = attn == "eager"
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -344,8 +366,17 @@ class Engine:
         ]
         per_row_lp: dict[tuple[int, int], np.ndarray] = {}
         per_row_loss: dict[tuple[int, int], float] = {}
-        for chunk in self._microbatches(jobs, rows):
-            self._run_microbatch(jobs, chunk, per_row_lp, per_row_loss)
+        if self.share_prefixes and self._can_pack:
+            packed = prefix_sharing.plan_rows(
+                [jobs[j].data[i].tokens for j, i in rows],
+                [(id(jobs[j].state.adapter), jobs[j].forward_only) for j, _ in rows],
+                row_tokens=min(prefix_sharing.ROW_TOKENS, self.tokens_per_microbatch),
+            )
+            for part in self._packed_microbatches(packed):
+                self._run_packed(jobs, rows, part, per_row_lp, per_row_loss)
+        else:
+            for chunk in self._microbatches(jobs, rows):
+                self._run_microbatch(jobs, chunk, per_row_lp, per_row_loss)
         results = []
         for j, job in enumerate(jobs):
             outputs = [{"logprobs": per_row_lp[(j, i)]} for i in range(len(job.data))]
@@ -438,6 +469,246 @@ class Engine:
                     per_row_loss[(j, i)] = float(row_losses[k].detach())
             if needs_grad and total.requires_grad:
                 total.backward()
+
+    def _packed_microbatches(
+        self, packed: list[prefix_sharing.PackedRow]
+    ) -> list[list[prefix_sharing.PackedRow]]:
+        """Packed rows in micro-batches of at most `tokens_per_microbatch` padded tokens."""
+        parts: list[list[prefix_sharing.PackedRow]] = [[]]
+        longest = 0
+        for row in packed:
+            n = len(row.tokens)
+            if parts[-1] and max(longest, n) * (len(parts[-1]) + 1) > self.tokens_per_microbatch:
+                parts.append([])
+                longest = 0
+            parts[-1].append(row)
+            longest = max(longest, n)
+        return parts
+
+    def _packed_inputs(
+        self, packed: list[prefix_sharing.PackedRow]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """Padded `[rows, width]` tokens, positions, real-position mask, and attention masks."""
+        width = max(len(r.tokens) for r in packed)
+        tokens = torch.zeros((len(packed), width), dtype=torch.long)
+        positions = torch.zeros((len(packed), width), dtype=torch.long)
+        segments = torch.full((len(packed), width), -1, dtype=torch.long)
+        for k, row in enumerate(packed):
+            n = len(row.tokens)
+            tokens[k, :n] = torch.from_numpy(row.tokens)
+            positions[k, :n] = torch.from_numpy(row.positions)
+            segments[k, :n] = torch.from_numpy(row.segments)
+            positions[k, n:] = torch.arange(width - n) + int(row.positions.max()) + 1
+        real = segments >= 0
+        masks = prefix_sharing.attention_masks(
+            segments.to(self.device),
+            positions.to(self.device),
+            real.to(self.device),
+            self._layer_types,
+            self._sliding_window,
+            self.dtype if self._additive_masks else None,
+        )
+        return tokens, positions, real, masks
+
+    def _run_packed(
+        self,
+        jobs: list[ForwardBackwardJob],
+        rows: list[tuple[int, int]],
+        packed: list[prefix_sharing.PackedRow],
+        per_row_lp: dict[tuple[int, int], np.ndarray],
+        per_row_loss: dict[tuple[int, int], float],
+    ) -> None:
+        """One micro-batch of packed rows: the shared-prefix twin of `_run_microbatch`.
+
+        The body runs once over the packed rows. The output head scores each distinct packed
+        position once (a shared prompt position once per row, not once per datum) and every
+        datum's targets are gathered from it; the scores are laid out again as `[datum, time]`
+        so the losses see exactly what they see without sharing.
+        """
+        dev = self.device
+        tokens, positions, real, masks = self._packed_inputs(packed)
+        n_rows, width = tokens.shape
+        # Rows of one adapter are adjacent (the planner groups them by key).
+        row_groups: list[RowGroup] = []
+        for k, row in enumerate(packed):
+            adapter = jobs[rows[row.members[0]][0]].state.adapter
+            if row_groups and row_groups[-1].adapter is adapter:
+                row_groups[-1] = RowGroup(adapter, row_groups[-1].start, k + 1)
+            else:
+                row_groups.append(RowGroup(adapter, k, k + 1))
+        # Every real packed position, row-major, gets a compact index for the output head.
+        flat_real = real.flatten().nonzero(as_tuple=True)[0]
+        compact = torch.full((n_rows * width,), -1, dtype=torch.long)
+        compact[flat_real] = torch.arange(len(flat_real))
+        offsets = np.concatenate([[0], np.cumsum(real.sum(1).numpy())]).tolist()
+
+        # The datums of this micro-batch, and one (position, target) pair per scored target.
+        members = [(k, m, d) for k, row in enumerate(packed) for m, d in enumerate(row.members)]
+        lengths = [len(jobs[rows[d][0]].data[rows[d][1]].tokens) for _, _, d in members]
+        pairs: dict[str, list[np.ndarray]] = {n: [] for n in ("pos", "tgt", "b", "t", "k", "on")}
+        depth = 1
+        for b, (k, m, d) in enumerate(members):
+            j, i = rows[d]
+            job, datum = jobs[j], jobs[j].data[i]
+            targets = datum.inputs["target_tokens"]
+            targets = targets[:, None] if targets.ndim == 1 else targets
+            n, kk = targets.shape
+            depth = max(depth, kk)
+            where = compact[torch.from_numpy(k * width + packed[k].columns[m])].numpy()
+            pairs["pos"].append(np.repeat(where, kk))
+            pairs["tgt"].append(targets.reshape(-1).astype(np.int64))
+            pairs["b"].append(np.full(n * kk, b))
+            pairs["t"].append(np.repeat(np.arange(n), kk))
+            pairs["k"].append(np.tile(np.arange(kk), n))
+            if job.forward_only:
+                pairs["on"].append(np.zeros(n * kk, dtype=bool))
+            else:
+                pairs["on"].append(_active_pairs(job.loss_fn, datum.inputs, n, kk))
+        flat = {name: torch.from_numpy(np.concatenate(parts)) for name, parts in pairs.items()}
+        pos, tgt = flat["pos"], flat["tgt"]
+        needs_grad = any(not jobs[rows[d][0]].forward_only for _, _, d in members)
+
+        with torch.set_grad_enabled(needs_grad):
+            with routing(row_groups):
+                hidden = self._body(
+                    input_ids=tokens.to(dev),
+                    attention_mask=masks,
+                    position_ids=positions.to(dev),
+                    use_cache=False,
+                ).last_hidden_state
+            hidden = hidden.reshape(n_rows * width, -1)[flat_real.to(dev)]
+            n_pos = hidden.shape[0]
+            active = torch.zeros(n_pos, dtype=torch.bool)
+            active[pos[flat["on"]]] = True
+            head_groups = [
+                RowGroup(g.adapter, offsets[g.start], offsets[g.stop]) for g in row_groups
+            ]
+            grad = needs_grad and bool(active.any())
+            if grad and int(active.sum()) * 2 > n_pos:
+                # Most positions carry weight: score every position once, with gradients.
+                values = self._pair_logprobs(hidden, pos, tgt, head_groups, checkpointed=True)
+            else:
+                with torch.no_grad():
+                    values = self._pair_logprobs(
+                        hidden.detach(), pos, tgt, head_groups, checkpointed=False
+                    )
+                if grad:
+                    values = self._with_active_gradients(
+                        values, hidden, pos, tgt, active, offsets, row_groups
+                    )
+            layout = torch.zeros((len(members), max(lengths), depth), device=dev)
+            index = (flat["b"].to(dev), flat["t"].to(dev), flat["k"].to(dev))
+            target_lp = torch.index_put(layout, index, values)
+            total = torch.zeros((), device=dev)
+            by_job: dict[int, list[int]] = {}
+            for b, (_, _, d) in enumerate(members):
+                by_job.setdefault(rows[d][0], []).append(b)
+            for j, batch_rows in by_job.items():
+                job = jobs[j]
+                datums = [job.data[rows[members[b][2]][1]] for b in batch_rows]
+                one_d = datums[0].inputs["target_tokens"].ndim == 1
+                kk = 1 if one_d else max(d.inputs["target_tokens"].shape[1] for d in datums)
+                lp = target_lp[torch.tensor(batch_rows, device=dev)][:, :, :kk]
+                if one_d:
+                    lp = lp[:, :, 0]
+                names = {name for d in datums for name in d.inputs} - {"target_tokens"}
+                width_j = max(len(d.tokens) for d in datums)
+                lp = lp[:, :width_j]
+                inputs = {
+                    name: _pad([d.inputs[name] for d in datums], width_j, 0, torch.float32).to(dev)
+                    for name in names
+                }
+                row_losses = losses.resolve(job.loss_fn)(lp, inputs, job.loss_fn_config)
+                if not job.forward_only:
+                    total = total + row_losses.sum()
+                for q, b in enumerate(batch_rows):
+                    key = rows[members[b][2]]
+                    per_row_lp[key] = lp[q, : lengths[b]].detach().float().cpu().numpy()
+                    per_row_loss[key] = float(row_losses[q].detach())
+            if needs_grad and total.requires_grad:
+                total.backward()
+
+    def _with_active_gradients(
+        self,
+        values: torch.Tensor,
+        hidden: torch.Tensor,
+        pos: torch.Tensor,
+        tgt: torch.Tensor,
+        active: torch.Tensor,
+        offsets: list[int],
+        row_groups: list[RowGroup],
+    ) -> torch.Tensor:
+        """Re-score the pairs on active positions through the head with gradients."""
+        picked = active.nonzero(as_tuple=True)[0]
+        remap = torch.full((len(active),), -1, dtype=torch.long)
+        remap[picked] = torch.arange(len(picked))
+        on_active = active[pos]
+        per_row = [int(active[a:b].sum()) for a, b in zip(offsets[:-1], offsets[1:])]
+        kept = np.concatenate([[0], np.cumsum(per_row)]).tolist()
+        groups = [RowGroup(g.adapter, kept[g.start], kept[g.stop]) for g in row_groups]
+        with_grad = self._pair_logprobs(
+            hidden[picked.to(self.device)],
+            remap[pos[on_active]],
+            tgt[on_active],
+            groups,
+            checkpointed=True,
+        )
+        index = on_active.nonzero(as_tuple=True)[0].to(self.device)
+        return torch.index_put(values, (index,), with_grad)
+
+    def _pair_logprobs(
+        self,
+        hidden: torch.Tensor,
+        pos: torch.Tensor,
+        targets: torch.Tensor,
+        groups: list[RowGroup],
+        checkpointed: bool,
+    ) -> torch.Tensor:
+        """log p(targets[m] | position pos[m]) for `[P, H]` positions, HEAD_CHUNK at a time.
+
+        Each position's vocabulary-wide log-softmax is computed once however many targets read
+        it. With `checkpointed`, a chunk's logits are recomputed in backward instead of kept.
+        """
+        order = torch.argsort(pos, stable=True)
+        pos_sorted, tgt_sorted = pos[order], targets[order]
+        positions = hidden.shape[0]
+        starts = torch.arange(0, positions + HEAD_CHUNK, HEAD_CHUNK)
+        bounds = torch.searchsorted(pos_sorted, starts).tolist()
+        parts = []
+        for c, first in enumerate(range(0, positions, HEAD_CHUNK)):
+            stop = min(positions, first + HEAD_CHUNK)
+            a, b = bounds[c], bounds[c + 1]
+            local = [
+                RowGroup(g.adapter, max(g.start, first) - first, min(g.stop, stop) - first)
+                for g in groups
+                if g.start < stop and g.stop > first
+            ]
+            args = (
+                hidden[first:stop],
+                (pos_sorted[a:b] - first).to(self.device),
+                tgt_sorted[a:b].to(self.device),
+                local,
+            )
+            if checkpointed:
+                parts.append(
+                    torch.utils.checkpoint.checkpoint(self._gather_head, *args, use_reentrant=False)
+                )
+            else:
+                parts.append(self._gather_head(*args))
+        values = torch.cat(parts)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(len(order))
+        return values[inverse.to(self.device)]
+
+    def _gather_head(
+        self, hidden: torch.Tensor, pos: torch.Tensor, targets: torch.Tensor, groups: list[RowGroup]
+    ) -> torch.Tensor:
+        """Log-softmax over the vocabulary for `hidden`, read at `(pos, targets)` pairs."""
+        with routing(groups):
+            logits = self._head(hidden).float()
+        if self._softcap:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return torch.log_softmax(logits, dim=-1)[pos, targets]
 
     def optim_step(self, state: RunState, params: AdamParams) -> dict[str, float]:
         """One AdamW step on this run only; its gradient norm is clipped on its own gradients."""
@@ -685,6 +956,18 @@ class Engine:
             return any(s in tail for s in strings)
 
         return hit
+
+
+def _active_pairs(loss_fn: str, inputs: dict[str, np.ndarray], n: int, depth: int) -> np.ndarray:
+    """Which of a datum's `n * depth` (position, target) pairs can have a non-zero loss term."""
+    if loss_fn == "cross_entropy":
+        weights = inputs["weights"]
+        if weights.ndim == 1:
+            return np.repeat(weights != 0, depth)
+        return (weights != 0).reshape(-1)
+    if loss_fn in ("importance_sampling", "ppo", "cispo"):
+        return np.repeat(inputs["advantages"] != 0, depth)
+    return np.ones(n * depth, dtype=bool)  # e.g. dro: its quadratic term is not masked
 
 
 def _row_generators(jobs: list[SampleJob]) -> list[torch.Generator]:
