@@ -13,13 +13,14 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.utils.checkpoint
 
-from server import losses, prefix_sharing
+from server import decoding, losses, prefix_sharing
 from server.codec import Datum, SampledSequence, SampleResult
 from server.lora import AdapterWeights, LoraSpec, RowGroup, new_adapter, routing, wrap_model
 from server.model_loading import LoadedModel
@@ -142,6 +143,8 @@ class Engine:
         self.vocab_size = int(self.model.get_output_embeddings().out_features)
         self.max_context = int(max_context or getattr(config, "max_position_embeddings", 8192))
         self.eos_ids = self._eos_ids()
+        anchor = self.tokenizer.encode("a", add_special_tokens=False) or [0]
+        self._pieces = decoding.TokenPieces(self.tokenizer.decode, int(anchor[0]))
         self._body = self.model.get_decoder()
         self._head = self.model.get_output_embeddings()
         self._softcap = getattr(config, "final_logit_softcapping", None)
@@ -816,8 +819,8 @@ class Engine:
             tokens[j, width - len(job.prompt) :] = torch.tensor(job.prompt)
             mask[j, width - len(job.prompt) :] = 1
         tokens, mask = tokens.to(self.device), mask.to(self.device)
-        generators = _row_generators(jobs)
-        stops = [self._stop_rule(job) for job in jobs]
+        params = self._row_params(jobs)
+        stops = [self._stop_rule(job) for job in jobs for _ in range(job.num_samples)]
         max_new = [self._max_new(job) for job in jobs]
         out_tokens: list[list[int]] = [[] for _ in range(rows)]
         out_lps: list[list[float]] = [[] for _ in range(rows)]
@@ -840,16 +843,21 @@ class Engine:
         if rows != len(jobs):
             cache.batch_select_indices(expand)
         mask, positions = mask[expand], positions[expand]
-        logits = out.logits[:, -1].float()[expand]
+        logits = out.logits[:, -1][expand]
+        step = 0
         while True:
-            picks = self._choose(jobs, owners, live, logits, generators, out_tokens, out_lps, done)
-            for r in live:
+            picks, picked_lp = decoding.choose(logits, params, step)
+            # The step's one host synchronisation: chosen ids (exact in float32) and logprobs.
+            chosen = torch.stack([picks.to(torch.float32), picked_lp]).cpu().tolist()
+            step += 1
+            for k, r in enumerate(live):
                 if done[r]:
                     continue
-                j = owners[r]
-                if stops[j](out_tokens[r]):
+                out_tokens[r].append(int(chosen[0][k]))
+                out_lps[r].append(chosen[1][k])
+                if stops[r](out_tokens[r]):
                     done[r] = stopped[r] = True
-                elif len(out_tokens[r]) >= max_new[j]:
+                elif len(out_tokens[r]) >= max_new[owners[r]]:
                     done[r] = True
             finished = sum(done[r] for r in live)
             if finished == len(live):
@@ -861,6 +869,7 @@ class Engine:
                 index = torch.tensor(keep, device=self.device)
                 cache.batch_select_indices(index)
                 mask, positions, picks = mask[index], positions[index], picks[index]
+                params = params.select(index)
                 live = [live[k] for k in keep]
             mask = torch.cat(
                 [mask, torch.ones((len(live), 1), dtype=mask.dtype, device=self.device)], 1
@@ -875,87 +884,47 @@ class Engine:
                     **{self._cache_kw: cache},
                 )
             cache = _cache_of(out)
-            logits = out.logits[:, -1].float()
+            logits = out.logits[:, -1]
         self.stats.sample_tokens += sum(len(t) for t in out_tokens)
         results: list[list[SampledSequence]] = [[] for _ in jobs]
         for r in range(rows):
             results[owners[r]].append(SampledSequence(out_tokens[r], out_lps[r], stopped[r]))
         return results
 
-    def _choose(
-        self,
-        jobs: list[SampleJob],
-        owners: list[int],
-        live: list[int],
-        logits: torch.Tensor,
-        generators: list[torch.Generator],
-        out_tokens: list[list[int]],
-        out_lps: list[list[float]],
-        done: list[bool],
-    ) -> torch.Tensor:
-        """Pick each live row's next token under its job's sampling parameters."""
-        chosen = torch.zeros(len(live), dtype=torch.long)
-        for j, first, stop in _job_blocks(owners, live):
-            p = jobs[j].params
-            block = logits[first:stop].cpu()
-            if p.temperature == 0:
-                logp = torch.log_softmax(block, -1)
-                picks = block.argmax(-1)
-            else:
-                scaled = block / p.temperature
-                logp = torch.log_softmax(scaled, -1)
-                filtered = scaled
-                if p.top_k and p.top_k > 0 and p.top_k < filtered.shape[-1]:
-                    kth = torch.topk(filtered, p.top_k, dim=-1).values[:, -1:]
-                    filtered = filtered.masked_fill(filtered < kth, -math.inf)
-                if p.top_p < 1.0:
-                    sorted_logits, order = torch.sort(filtered, descending=True, dim=-1)
-                    cum = torch.softmax(sorted_logits, -1).cumsum(-1)
-                    drop = cum - torch.softmax(sorted_logits, -1) > p.top_p
-                    sorted_logits = sorted_logits.masked_fill(drop, -math.inf)
-                    filtered = torch.full_like(filtered, -math.inf).scatter(
-                        -1, order, sorted_logits
-                    )
-                # Inverse-CDF draw with one uniform from each row's own stream.
-                cdf = torch.softmax(filtered, -1).cumsum(-1)
-                uniform = torch.tensor(
-                    [
-                        0.5 if done[r] else float(torch.rand((), generator=generators[r]))
-                        for r in live[first:stop]
-                    ],
-                    dtype=cdf.dtype,
-                )
-                picks = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True)
-                picks = picks[:, 0].clamp_(max=cdf.shape[-1] - 1)
-            picked_lp = torch.gather(logp, -1, picks[:, None])[:, 0]
-            chosen[first:stop] = picks
-            for k, r in enumerate(live[first:stop]):
-                if not done[r]:
-                    out_tokens[r].append(int(picks[k]))
-                    out_lps[r].append(float(picked_lp[k]))
-        return chosen.to(self.device)
+    def _row_params(self, jobs: list[SampleJob]) -> decoding.RowParams:
+        """Every row's sampling parameters and random key, on the device.
 
-    def _stop_rule(self, job: SampleJob):
-        """A predicate on the generated tokens: has this row hit a stop condition?"""
+        A row's key comes from its job's seed (or a fresh one) and its index in the job, so
+        what a row samples does not depend on which other requests share its batch or on when
+        finished rows were dropped.
+        """
+        temperatures, top_ks, top_ps, keys = [], [], [], []
+        for job in jobs:
+            p = job.params
+            seed = p.seed
+            base = int(torch.randint(0, 2**62, ())) if seed is None else int(seed)
+            for k in range(job.num_samples):
+                temperatures.append(float(p.temperature))
+                top_ks.append(int(p.top_k) if p.top_k and p.top_k > 0 else 0)
+                top_ps.append(float(p.top_p))
+                keys.append(decoding.row_key(base, k))
+        return decoding.row_params(temperatures, top_ks, top_ps, keys, self.device)
+
+    def _stop_rule(self, job: SampleJob) -> Callable[[list[int]], bool]:
+        """A fresh per-row predicate on the generated tokens, called once per new token."""
         stop = job.params.stop
         if stop is None:
             eos = self.eos_ids
-            return lambda toks: bool(toks) and toks[-1] in eos
+            return lambda toks: toks[-1] in eos
         if not stop:
             return lambda toks: False
         if isinstance(stop[0], int):
             ids = set(stop)
-            return lambda toks: bool(toks) and toks[-1] in ids
+            return lambda toks: toks[-1] in ids
         strings = [s for s in stop if s]
-        window = max(len(s) for s in strings) + 8 if strings else 0
-
-        def hit(toks: list[int]) -> bool:
-            if not strings or not toks:
-                return False
-            tail = self.tokenizer.decode(toks[-window:])
-            return any(s in tail for s in strings)
-
-        return hit
+        if not strings:
+            return lambda toks: False
+        return decoding.StopStrings(strings, self._pieces, self.tokenizer.decode).hit
 
 
 def _active_pairs(loss_fn: str, inputs: dict[str, np.ndarray], n: int, depth: int) -> np.ndarray:
@@ -968,17 +937,6 @@ def _active_pairs(loss_fn: str, inputs: dict[str, np.ndarray], n: int, depth: in
     if loss_fn in ("importance_sampling", "ppo", "cispo"):
         return np.repeat(inputs["advantages"] != 0, depth)
     return np.ones(n * depth, dtype=bool)  # e.g. dro: its quadratic term is not masked
-
-
-def _row_generators(jobs: list[SampleJob]) -> list[torch.Generator]:
-    """One random stream per sampled row, from its job's seed (or a fresh one) and its index."""
-    generators = []
-    for job in jobs:
-        seed = job.params.seed
-        base = int(torch.randint(0, 2**62, ())) if seed is None else int(seed)
-        for k in range(job.num_samples):
-            generators.append(torch.Generator().manual_seed((base * 1_000_003 + k) % 2**63))
-    return generators
 
 
 def _job_blocks(owners: list[int], live: list[int]) -> list[tuple[int, int, int]]:
