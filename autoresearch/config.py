@@ -105,6 +105,9 @@ class TrialConfig(_Strict):
     name: str = "trial"
     base_model: str = "google/gemma-3-270m"
     lora_rank: int = Field(16, ge=1, le=512)
+    train_unembed: bool = True
+    """Also train a LoRA on the output head (the SDK's default). vLLM cannot serve such an
+    adapter for Gemma, so on a vLLM-backed server its samples come from the torch sampler."""
     seed: int = Field(0, ge=0)
     prompt_style: Literal["base", "chat"] = "base"
     corpus_seed: int = Field(0, ge=0)
@@ -134,7 +137,10 @@ class TrialConfig(_Strict):
     # -------------------------------------------------------------- i/o
     def fingerprint(self) -> str:
         """A short stable hash of the config (names a trial's artifacts)."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        data = self.model_dump(mode="json")
+        if data["train_unembed"] is True:
+            del data["train_unembed"]  # the default keeps the names configs had before the field
+        blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
     @classmethod

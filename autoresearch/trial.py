@@ -199,7 +199,10 @@ class Trial:
             training = self._from_init_checkpoint(service)
         else:
             training = service.create_lora_training_client(
-                base_model=c.base_model, rank=c.lora_rank, seed=c.seed
+                base_model=c.base_model,
+                rank=c.lora_rank,
+                seed=c.seed,
+                train_unembed=c.train_unembed,
             ).result()
         tokenizer = self._tokenizer_for(training)
         train, dev, test = self._tasks()
@@ -260,6 +263,11 @@ class Trial:
             raise ValueError(
                 f"init_checkpoint {c.init_checkpoint} holds a rank-{found.lora_rank} adapter of "
                 f"{found.base_model}; the trial declares rank {c.lora_rank} of {c.base_model}"
+            )
+        if found.train_unembed is not None and found.train_unembed != c.train_unembed:
+            raise ValueError(
+                f"init_checkpoint {c.init_checkpoint} has train_unembed={found.train_unembed}; "
+                f"the trial declares train_unembed={c.train_unembed}"
             )
         training = service.create_training_client_from_state(c.init_checkpoint).result()
         self.record.append("event", message=f"started from {c.init_checkpoint}")
@@ -358,22 +366,26 @@ class Trial:
         t1 = time.time()
         scores: list[list[ScoreResult]] = [[f.result() for f in fs] for fs in score_futures]
         timings["score_wait_s"] = time.time() - t1
+        used = [
+            not (rl.drop_constant_groups and is_constant([r.total for r in results]))
+            for results in scores
+        ]
+        t_ref = time.time()
+        reference_lps = self._reference_logprobs(reference, prompts, groups, used)
+        if reference is not None:
+            timings["reference_s"] = time.time() - t_ref
         datums, sampled_lps, used_groups, dropped = [], [], 0, 0
-        for prompt, sequences, results in zip(prompts, groups, scores):
+        for g, (prompt, sequences, results) in enumerate(zip(prompts, groups, scores)):
             rewards = [r.total for r in results]
-            if rl.drop_constant_groups and is_constant(rewards):
+            if not used[g]:
                 dropped += 1
                 continue
             used_groups += 1
             advantages = group_advantages(rewards, rl.advantage)
-            for seq, adv in zip(sequences, advantages):
+            for k, (seq, adv) in enumerate(zip(sequences, advantages)):
                 if not seq.tokens:
                     continue
-                ref_lp = None
-                if reference is not None:
-                    full = types.ModelInput.from_ints(prompt + list(seq.tokens))
-                    lps = reference.compute_logprobs(full).result()
-                    ref_lp = [float(x) for x in lps[len(prompt) :]]
+                ref_lp = reference_lps.get((g, k))
                 per_token = token_advantages(float(adv), seq.logprobs, ref_lp, rl.kl_coef)
                 datums.append(rl_datum(prompt, list(seq.tokens), list(seq.logprobs), per_token))
                 sampled_lps.append(list(seq.logprobs))
@@ -430,6 +442,32 @@ class Trial:
             )
         self.progress(entry)
         return used_tokens
+
+    @staticmethod
+    def _reference_logprobs(
+        reference: tinker.SamplingClient | None,
+        prompts: list[list[int]],
+        groups: list[list[Any]],
+        used: list[bool],
+    ) -> dict[tuple[int, int], list[float]]:
+        """The reference model's logprobs of every sampled completion, keyed (group, sample).
+
+        All requests are submitted before any is awaited, so the server batches them instead of
+        answering one blocking round trip per sequence.
+        """
+        if reference is None:
+            return {}
+        futures = {
+            (g, k): reference.compute_logprobs(types.ModelInput.from_ints(prompts[g] + seq.tokens))
+            for g, sequences in enumerate(groups)
+            if used[g]
+            for k, seq in enumerate(sequences)
+            if seq.tokens
+        }
+        return {
+            key: [float(x) for x in future.result()[len(prompts[key[0]]) :]]
+            for key, future in futures.items()
+        }
 
     def _eval(
         self,
