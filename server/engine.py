@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.utils.checkpoint
 
-from server import decoding, losses, prefix_sharing
+from server import decoding, host_decoding, losses, prefix_sharing
 from server.codec import Datum, SampledSequence, SampleResult
 from server.lora import AdapterWeights, LoraSpec, RowGroup, new_adapter, routing, wrap_model
 from server.model_loading import LoadedModel
@@ -106,6 +106,7 @@ everything else gets small micro-batches; they are large enough to keep its core
 DEFAULT_TOKENS_PER_MICROBATCH = 8192
 HEAD_CHUNK = 512
 SHARE_PREFIXES_ENV = "AUTORESEARCH_SHARE_PREFIXES"
+DEVICE_SAMPLING_ENV = "AUTORESEARCH_DEVICE_SAMPLING"
 """Positions per output-head chunk (bounds the vocabulary-wide tensors: about 1 MiB per
 position each on Gemma's 262k vocabulary)."""
 
@@ -132,6 +133,7 @@ class Engine:
         loaded: LoadedModel,
         max_context: int | None = None,
         share_prefixes: bool | None = None,
+        device_sampling: bool | None = None,
     ):
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -160,6 +162,11 @@ class Engine:
         self.share_prefixes = share_prefixes
         """Compute prompt prefixes shared by several datums once (see `prefix_sharing`); off:
         every datum on its own row, as before (kept for benchmarks and as a reference)."""
+        if device_sampling is None:
+            device_sampling = os.environ.get(DEVICE_SAMPLING_ENV, "1") != "0"
+        self.device_sampling = device_sampling
+        """Choose tokens where the logits are (see `decoding`); off: the host-side loop of
+        `host_decoding`, kept as the reference a benchmark compares with."""
         self._layer_types = set(getattr(config, "layer_types", None) or [])
         self._sliding_window = getattr(config, "sliding_window", None)
         attn = getattr(config, "_attn_implementation", None)
@@ -821,6 +828,11 @@ class Engine:
         tokens, mask = tokens.to(self.device), mask.to(self.device)
         params = self._row_params(jobs)
         stops = [self._stop_rule(job) for job in jobs for _ in range(job.num_samples)]
+        on_host = not self.device_sampling
+        if on_host:
+            generators = host_decoding.row_generators(
+                [job.params.seed for job in jobs], [job.num_samples for job in jobs]
+            )
         max_new = [self._max_new(job) for job in jobs]
         out_tokens: list[list[int]] = [[] for _ in range(rows)]
         out_lps: list[list[float]] = [[] for _ in range(rows)]
@@ -846,9 +858,19 @@ class Engine:
         logits = out.logits[:, -1][expand]
         step = 0
         while True:
-            picks, picked_lp = decoding.choose(logits, params, step)
+            if on_host:
+                blocks = [
+                    (p.temperature, p.top_k, p.top_p, first, stop)
+                    for j, first, stop in _job_blocks(owners, live)
+                    for p in (jobs[j].params,)
+                ]
+                picks, picked_lp = host_decoding.choose(blocks, live, logits, generators, done)
+                picks = picks.to(self.device)
+            else:
+                picks, picked_lp = decoding.choose(logits, params, step)
             # The step's one host synchronisation: chosen ids (exact in float32) and logprobs.
-            chosen = torch.stack([picks.to(torch.float32), picked_lp]).cpu().tolist()
+            chosen = torch.stack([picks.to(torch.float32), picked_lp.to(picks.device)])
+            chosen = chosen.cpu().tolist()
             step += 1
             for k, r in enumerate(live):
                 if done[r]:
@@ -924,6 +946,8 @@ class Engine:
         strings = [s for s in stop if s]
         if not strings:
             return lambda toks: False
+        if not self.device_sampling:
+            return host_decoding.text_stop_rule(strings, self.tokenizer.decode)
         return decoding.StopStrings(strings, self._pieces, self.tokenizer.decode).hit
 
 

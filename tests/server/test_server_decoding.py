@@ -86,3 +86,21 @@ def test_a_stop_string_spanning_tokens_stops_without_decoding_every_step(tiny_to
     assert ";\n\n" in tiny_tokenizer.decode(tokens[:cut])
     assert ";\n\n" not in tiny_tokenizer.decode(tokens[: cut - 1])
     assert calls["n"] <= 1  # decoded only to confirm the candidate
+
+
+def test_the_host_side_reference_sampler_still_works_behind_its_switch(engine):
+    """`device_sampling=False` keeps the old host loop (for benchmarks): greedy output equals
+    the device sampler's, and its seeded rows are independent of batch-mates too."""
+    prompt = [5, 17, 42, 9]
+    greedy = SampleJob(None, prompt, 1, SamplingParams(max_tokens=10, temperature=0.0, stop=[]))
+    seeded = SampleJob(None, prompt, 2, SamplingParams(max_tokens=8, temperature=1.0, seed=5,
+                                                       stop=["zz"]))
+    mate = SampleJob(None, [8, 30], 3, SamplingParams(max_tokens=4, temperature=1.0, seed=9,
+                                                      stop=[]))
+    on_device = _tokens(engine, [greedy])[0]
+    engine.device_sampling = False
+    try:
+        assert _tokens(engine, [greedy])[0] == on_device
+        assert _tokens(engine, [seeded])[0] == _tokens(engine, [mate, seeded])[1]
+    finally:
+        engine.device_sampling = True
