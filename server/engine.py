@@ -377,13 +377,7 @@ class Engine:
         per_row_lp: dict[tuple[int, int], np.ndarray] = {}
         per_row_loss: dict[tuple[int, int], float] = {}
         if self.share_prefixes and self._can_pack:
-            packed = prefix_sharing.plan_rows(
-                [jobs[j].data[i].tokens for j, i in rows],
-                [(id(jobs[j].state.adapter), jobs[j].forward_only) for j, _ in rows],
-                row_tokens=min(prefix_sharing.ROW_TOKENS, self.tokens_per_microbatch),
-            )
-            for part in self._packed_microbatches(packed):
-                self._run_packed(jobs, rows, part, per_row_lp, per_row_loss)
+            self._forward_packed(jobs, rows, per_row_lp, per_row_loss)
         else:
             for chunk in self._microbatches(jobs, rows):
                 self._run_microbatch(jobs, chunk, per_row_lp, per_row_loss)
@@ -479,6 +473,22 @@ class Engine:
                     per_row_loss[(j, i)] = float(row_losses[k].detach())
             if needs_grad and total.requires_grad:
                 total.backward()
+
+    def _forward_packed(
+        self,
+        jobs: list[ForwardBackwardJob],
+        rows: list[tuple[int, int]],
+        per_row_lp: dict[tuple[int, int], np.ndarray],
+        per_row_loss: dict[tuple[int, int], float],
+    ) -> None:
+        """All rows through packed micro-batches; datums share a row only within one adapter."""
+        packed = prefix_sharing.plan_rows(
+            [jobs[j].data[i].tokens for j, i in rows],
+            [(id(jobs[j].state.adapter), jobs[j].forward_only) for j, _ in rows],
+            row_tokens=min(prefix_sharing.ROW_TOKENS, self.tokens_per_microbatch),
+        )
+        for part in self._packed_microbatches(packed):
+            self._run_packed(jobs, rows, part, per_row_lp, per_row_loss)
 
     def _packed_microbatches(
         self, packed: list[prefix_sharing.PackedRow]
@@ -788,26 +798,68 @@ class Engine:
         """Decode every job's samples together in one batched loop with a KV cache."""
         started = time.perf_counter()
         results = [SampleResult(sequences=[]) for _ in jobs]
-        for job, result in zip(jobs, results):
+        together = [
+            j
+            for j, job in enumerate(jobs)
+            if job.prompt_logprobs and not job.topk_prompt_logprobs and len(job.prompt) > 1
+        ]
+        if together and self.share_prefixes and self._can_pack:
+            scored = self._shared_prompt_logprobs([jobs[j] for j in together])
+            for j, values in zip(together, scored):
+                results[j].prompt_logprobs = values
+        else:
+            together = []
+        for j, (job, result) in enumerate(zip(jobs, results)):
+            if j in together:
+                continue
             if job.prompt_logprobs or job.topk_prompt_logprobs:
                 values, top = self.prompt_logprobs(
                     job.adapter, job.prompt, job.topk_prompt_logprobs
                 )
                 result.prompt_logprobs = values if job.prompt_logprobs else None
                 result.topk_prompt = top
-        decoding = [(j, job) for j, job in enumerate(jobs) if self._max_new(job) > 0]
+        to_decode = [(j, job) for j, job in enumerate(jobs) if self._max_new(job) > 0]
         for j, job in enumerate(jobs):
             if self._max_new(job) == 0:
                 results[j].sequences = [
                     SampledSequence([], [], False) for _ in range(job.num_samples)
                 ]
-        if decoding:
-            sequences = self._decode([job for _, job in decoding])
-            for (j, _), seqs in zip(decoding, sequences):
+        if to_decode:
+            sequences = self._decode([job for _, job in to_decode])
+            for (j, _), seqs in zip(to_decode, sequences):
                 results[j].sequences = seqs
         self.stats.busy_seconds += time.perf_counter() - started
         self.stats.sample_batches += 1
         return results
+
+    def _shared_prompt_logprobs(self, jobs: list[SampleJob]) -> list[np.ndarray]:
+        """`prompt_logprobs` of many prompts in packed forwards: prompts of one adapter that
+        share a prefix (a group's samples scored against a reference) compute it once."""
+        scoring = [
+            ForwardBackwardJob(
+                # Scoring only: never stepped, so no optimizer.
+                RunState(job.adapter, None),  # type: ignore[arg-type]
+                [
+                    Datum(
+                        np.asarray(job.prompt[:-1], dtype=np.int64),
+                        {
+                            "target_tokens": np.asarray(job.prompt[1:], dtype=np.int64),
+                            "weights": np.zeros(len(job.prompt) - 1, dtype=np.float32),
+                        },
+                    )
+                ],
+                "cross_entropy",
+                {},
+                True,
+            )
+            for job in jobs
+        ]
+        per_row_lp: dict[tuple[int, int], np.ndarray] = {}
+        self._forward_packed(scoring, [(j, 0) for j in range(len(jobs))], per_row_lp, {})
+        return [
+            np.concatenate([[np.nan], per_row_lp[(j, 0)]]).astype(np.float32)
+            for j in range(len(jobs))
+        ]
 
     def _decode(self, jobs: list[SampleJob]) -> list[list[SampledSequence]]:
         """Decode every job's rows together; finished rows leave the batch as they pile up.

@@ -224,3 +224,27 @@ def test_short_common_prefixes_are_not_shared():
     b = np.array([1, 2, 3, 20, 21, 22, 23, 24, 25, 26])
     rows = prefix_sharing.plan_rows([a, b], ["k", "k"])
     assert sorted(len(r.members) for r in rows) == [1, 1]
+
+
+def test_prompt_logprobs_of_many_sequences_are_scored_together_and_match(engine):
+    """Reference scoring (compute_logprobs) of a group's samples shares their prompt too."""
+    from server.engine import SampleJob, SamplingParams
+
+    rng = np.random.default_rng(6)
+    window = engine.model.config.sliding_window
+    prompt = list(rng.integers(5, engine.vocab_size, size=window + 9))
+    adapter = new_state(engine, 9).adapter
+    sequences = [prompt + list(rng.integers(5, engine.vocab_size, size=n)) for n in (4, 7, 1)]
+    jobs = [
+        SampleJob(owner, seq, 1, SamplingParams(max_tokens=0), prompt_logprobs=True)
+        for owner in (None, adapter)
+        for seq in sequences
+    ] + [SampleJob(None, [7], 1, SamplingParams(max_tokens=0), prompt_logprobs=True)]
+    engine.share_prefixes = True
+    together = engine.sample(jobs)
+    for job, result in zip(jobs, together, strict=True):
+        alone, _ = engine.prompt_logprobs(job.adapter, job.prompt)
+        assert np.isnan(result.prompt_logprobs[0])
+        np.testing.assert_allclose(
+            result.prompt_logprobs[1:], alone[1:], rtol=RTOL_LP, atol=ATOL_LP
+        )
