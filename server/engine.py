@@ -600,22 +600,18 @@ class Engine:
             n_pos = hidden.shape[0]
             active = torch.zeros(n_pos, dtype=torch.bool)
             active[pos[flat["on"]]] = True
-            head_groups = [
-                RowGroup(g.adapter, offsets[g.start], offsets[g.stop]) for g in row_groups
-            ]
-            grad = needs_grad and bool(active.any())
-            if grad and int(active.sum()) * 2 > n_pos:
-                # Most positions carry weight: score every position once, with gradients.
-                values = self._pair_logprobs(hidden, pos, tgt, head_groups, checkpointed=True)
-            else:
-                with torch.no_grad():
-                    values = self._pair_logprobs(
-                        hidden.detach(), pos, tgt, head_groups, checkpointed=False
-                    )
-                if grad:
-                    values = self._with_active_gradients(
-                        values, hidden, pos, tgt, active, offsets, row_groups
-                    )
+            if not (needs_grad and bool(active.any())):
+                active[:] = False
+            # Each position goes through the head once without gradients if no loss term reads
+            # it, else once with them (checkpointed): never both, never once per datum.
+            values = torch.zeros(len(pos), dtype=torch.float32, device=dev)
+            for with_grad in (False, True):
+                subset = active if with_grad else ~active
+                if bool(subset.any()):
+                    with torch.set_grad_enabled(with_grad):
+                        values = self._subset_logprobs(
+                            values, hidden, pos, tgt, subset, offsets, row_groups, with_grad
+                        )
             layout = torch.zeros((len(members), max(lengths), depth), device=dev)
             index = (flat["b"].to(dev), flat["t"].to(dev), flat["k"].to(dev))
             target_lp = torch.index_put(layout, index, values)
@@ -648,33 +644,35 @@ class Engine:
             if needs_grad and total.requires_grad:
                 total.backward()
 
-    def _with_active_gradients(
+    def _subset_logprobs(
         self,
         values: torch.Tensor,
         hidden: torch.Tensor,
         pos: torch.Tensor,
         tgt: torch.Tensor,
-        active: torch.Tensor,
+        subset: torch.Tensor,
         offsets: list[int],
         row_groups: list[RowGroup],
+        with_grad: bool,
     ) -> torch.Tensor:
-        """Re-score the pairs on active positions through the head with gradients."""
-        picked = active.nonzero(as_tuple=True)[0]
-        remap = torch.full((len(active),), -1, dtype=torch.long)
+        """`values` with the pairs on `subset` positions scored through the head."""
+        picked = subset.nonzero(as_tuple=True)[0]
+        remap = torch.full((len(subset),), -1, dtype=torch.long)
         remap[picked] = torch.arange(len(picked))
-        on_active = active[pos]
-        per_row = [int(active[a:b].sum()) for a, b in zip(offsets[:-1], offsets[1:])]
+        on_subset = subset[pos]
+        per_row = [int(subset[a:b].sum()) for a, b in zip(offsets[:-1], offsets[1:])]
         kept = np.concatenate([[0], np.cumsum(per_row)]).tolist()
         groups = [RowGroup(g.adapter, kept[g.start], kept[g.stop]) for g in row_groups]
-        with_grad = self._pair_logprobs(
-            hidden[picked.to(self.device)],
-            remap[pos[on_active]],
-            tgt[on_active],
+        source = hidden[picked.to(self.device)]
+        scored = self._pair_logprobs(
+            source if with_grad else source.detach(),
+            remap[pos[on_subset]],
+            tgt[on_subset],
             groups,
-            checkpointed=True,
+            checkpointed=with_grad,
         )
-        index = on_active.nonzero(as_tuple=True)[0].to(self.device)
-        return torch.index_put(values, (index,), with_grad)
+        index = on_subset.nonzero(as_tuple=True)[0].to(self.device)
+        return torch.index_put(values, (index,), scored)
 
     def _pair_logprobs(
         self,

@@ -248,3 +248,30 @@ def test_prompt_logprobs_of_many_sequences_are_scored_together_and_match(engine)
         np.testing.assert_allclose(
             result.prompt_logprobs[1:], alone[1:], rtol=RTOL_LP, atol=ATOL_LP
         )
+
+
+def test_the_output_head_scores_each_distinct_position_once(engine, monkeypatch):
+    """A group's prompt positions (no advantage) go through the vocabulary-wide head once, not
+    once per sample, and no position is scored twice."""
+    rng = np.random.default_rng(7)
+    sizes = [6, 9, 4, 7]
+    data = rl_group(rng, engine.vocab_size, 30, sizes)
+    scored = []
+    original = engine._gather_head
+
+    def counting(hidden, *rest):
+        scored.append(hidden.shape[0])
+        return original(hidden, *rest)
+
+    monkeypatch.setattr(engine, "_gather_head", counting)
+    engine.share_prefixes = True
+    engine.forward_backward(
+        [ForwardBackwardJob(new_state(engine, 10), data, "importance_sampling", {}, False)]
+    )
+    # model_input is prompt + completion[:-1]: 30 shared positions (the last one, which predicts
+    # each sample's first token, carries advantage), then each sample's own.
+    distinct = 30 + sum(size - 1 for size in sizes)
+    active = 1 + sum(size - 1 for size in sizes)
+    # Forward scores each distinct position once; backward recomputes the chunks of the
+    # positions with gradients (checkpointing) once more.
+    assert sum(scored) == distinct + active
