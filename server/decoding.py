@@ -61,10 +61,21 @@ class RowParams:
     top_k: torch.Tensor
     top_p: torch.Tensor
     keys: torch.Tensor
+    sampled: bool
+    """Host-side facts about the rows (kept when rows leave), so a step needs no device read:
+    some row samples (temperature > 0), the largest top-k, some row has top-p < 1."""
+    k_max: int
+    nucleus: bool
 
     def select(self, index: torch.Tensor) -> RowParams:
         return RowParams(
-            self.temperature[index], self.top_k[index], self.top_p[index], self.keys[index]
+            self.temperature[index],
+            self.top_k[index],
+            self.top_p[index],
+            self.keys[index],
+            self.sampled,
+            self.k_max,
+            self.nucleus,
         )
 
 
@@ -75,11 +86,15 @@ def row_params(
     keys: Sequence[tuple[int, int]],
     device: torch.device | str,
 ) -> RowParams:
+    sampled = [t > 0 for t in temperatures]
     return RowParams(
         torch.tensor(temperatures, dtype=torch.float32, device=device),
         torch.tensor(top_ks, dtype=torch.long, device=device),
         torch.tensor(top_ps, dtype=torch.float32, device=device),
         torch.tensor(keys, dtype=torch.int64, device=device).reshape(-1, 2),
+        any(sampled),
+        max((k for k, s in zip(top_ks, sampled) if s and k > 0), default=0),
+        any(p < 1.0 for p, s in zip(top_ps, sampled) if s),
     )
 
 
@@ -95,18 +110,21 @@ def choose(
     logits = logits.float()
     vocab = logits.shape[-1]
     greedy = params.temperature <= 0
+    if not params.sampled:
+        picks = logits.argmax(-1)
+        return picks, torch.log_softmax(logits, -1).gather(-1, picks[:, None])[:, 0]
     scale = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
     scaled = logits / scale[:, None]
     logp = torch.log_softmax(scaled, -1)
     filtered = scaled
-    limited = (params.top_k > 0) & (params.top_k < vocab)
-    if bool(limited.any()):
-        k_max = int(params.top_k[limited].max())
+    if params.k_max > 0:
+        k_max = min(params.k_max, vocab)
+        limited = (params.top_k > 0) & (params.top_k < vocab)
         top = torch.topk(scaled, k_max, dim=-1).values
         kth = top.gather(-1, (params.top_k.clamp(1, k_max) - 1)[:, None])
         filtered = filtered.masked_fill(limited[:, None] & (filtered < kth), -torch.inf)
-    nucleus = params.top_p < 1.0
-    if bool(nucleus.any()):
+    if params.nucleus:
+        nucleus = params.top_p < 1.0
         ordered, order = torch.sort(filtered, descending=True, dim=-1)
         probs = torch.softmax(ordered, -1)
         drop = (probs.cumsum(-1) - probs > params.top_p[:, None]) & nucleus[:, None]
