@@ -34,11 +34,11 @@ import numpy as np
 import psutil
 import torch
 
-from autoresearch.evaluation import prompt_tokens
-from server.codec import Datum
-from server.engine import AdamParams, Engine, ForwardBackwardJob, SampleJob, SamplingParams
-from server.lora import LoraSpec
-from server.model_loading import load_base_model
+from autoresearch.evaluation.evaluate import prompt_tokens
+from server.engine.engine import AdamParams, Engine, ForwardBackwardJob, SampleJob, SamplingParams
+from server.engine.lora import LoraSpec
+from server.engine.model_loading import load_base_model
+from server.protocol.codec import Datum
 from sqltasks import STOP_SEQUENCES, load_corpus
 
 MODES = ("before", "after")

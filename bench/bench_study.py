@@ -36,12 +36,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "datasets")]
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-from autoresearch.config import TrialConfig  # noqa: E402
-from autoresearch.decide import paired_items  # noqa: E402
-from autoresearch.runner import StudyOutcome, run_study  # noqa: E402
-from autoresearch.stats import Estimate, paired_difference  # noqa: E402
-from autoresearch.study import Study  # noqa: E402
-from autoresearch.trial import run_trial  # noqa: E402
+from autoresearch.evaluation.stats import Estimate, paired_difference  # noqa: E402
+from autoresearch.rl.config import TrialConfig  # noqa: E402
+from autoresearch.rl.trial import run_trial  # noqa: E402
+from autoresearch.study.decisions import paired_items  # noqa: E402
+from autoresearch.study.runner import StudyOutcome, run_study  # noqa: E402
+from autoresearch.study.spec import Study  # noqa: E402
 
 RL_SPACE = {
     "rl.adam.learning_rate": {"low": 1e-5, "high": 1e-3, "log": True},
@@ -138,7 +138,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
     logging.getLogger("tinker").setLevel(logging.ERROR)  # "try again" long-polls are normal
-    logging.getLogger("autoresearch.runner").setLevel(logging.INFO)
+    logging.getLogger("autoresearch.study.runner").setLevel(logging.INFO)
     search = "quick" if args.quick else args.search
     trials = args.trials or (3 if args.quick else 6)
     budget = {"max_trials": trials, "confirm_seeds": 1, "max_confirm_trials": 2}
@@ -147,7 +147,7 @@ def main() -> int:
     with contextlib.ExitStack() as stack:
         url = args.server_url or os.environ.get("TINKER_BASE_URL")
         if url is None:
-            from server.runtime import ServerConfig, ServerThread
+            from server.entrypoints.runtime import ServerConfig, ServerThread
 
             server = ServerThread(ServerConfig(port=0, data_dir=root / "server-data",
                                                api_keys=""))

@@ -11,7 +11,7 @@ import collections
 import logging
 from collections.abc import Callable, Iterable
 
-from server.engine import SampleJob
+from server.engine.engine import SampleJob
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from scipy import stats
 
-from server import decoding
-from server.engine import Engine, SampleJob, SamplingParams
-from server.model_loading import load_base_model
+from server.engine import decoding
+from server.engine.engine import Engine, SampleJob, SamplingParams
+from server.engine.model_loading import load_base_model
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from server import prefix_sharing
-from server.codec import Datum
-from server.engine import AdamParams, Engine, ForwardBackwardJob
-from server.lora import LoraSpec
-from server.model_loading import load_base_model
+from server.engine import prefix_sharing
+from server.engine.engine import AdamParams, Engine, ForwardBackwardJob
+from server.engine.lora import LoraSpec
+from server.engine.model_loading import load_base_model
+from server.protocol.codec import Datum
 
 RTOL_LP, ATOL_LP = 1e-5, 1e-5
 RTOL_GRAD, ATOL_GRAD = 1e-4, 1e-5
@@ -228,7 +228,7 @@ def test_short_common_prefixes_are_not_shared():
 
 def test_prompt_logprobs_of_many_sequences_are_scored_together_and_match(engine):
     """Reference scoring (compute_logprobs) of a group's samples shares their prompt too."""
-    from server.engine import SampleJob, SamplingParams
+    from server.engine.engine import SampleJob, SamplingParams
 
     rng = np.random.default_rng(6)
     window = engine.model.config.sliding_window
