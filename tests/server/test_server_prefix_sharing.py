@@ -123,6 +123,10 @@ def assert_same(engine: Engine, make_jobs) -> None:
 def test_a_group_shares_its_prompt_and_matches(engine):
     rng = np.random.default_rng(0)
     data = rl_group(rng, engine.vocab_size, 20, [6, 9, 4, 7])
+    twin = data[0]  # two equal samples (a peaked model draws them): one datum is all prefix
+    data.append(
+        Datum(twin.tokens.copy(), {**twin.inputs, "advantages": -twin.inputs["advantages"] * 0.5})
+    )
     assert_same(
         engine,
         lambda: [ForwardBackwardJob(new_state(engine, 1), data, "importance_sampling", {}, False)],
