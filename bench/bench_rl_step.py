@@ -121,6 +121,18 @@ def rollout_data(prompts, results, seed: int) -> list[Datum]:
     return data
 
 
+def few_shot(tokenizer, examples, prompt: list[int], target: int, offset: int) -> list[int]:
+    """`prompt` behind solved examples (prompt + gold SQL) until at least `target` tokens."""
+    bos = [prompt[0]] if prompt and prompt[0] == tokenizer.bos_token_id else []
+    body, shots, k = prompt[len(bos) :], [], offset
+    while len(bos) + len(shots) + len(body) < target:
+        task = examples[k % len(examples)]
+        shot = prompt_tokens(tokenizer, task, "base")[len(bos) :]
+        shots += shot + tokenizer.encode(task.gold_sql + "\n```\n\n", add_special_tokens=False)
+        k += len(examples) // 7 + 1
+    return bos + shots + body
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -158,6 +170,13 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=0,
+        help="lengthen each prompt to about this many tokens with solved examples in front "
+        "(few-shot); default: the corpus prompts as the trials send them",
+    )
     parser.add_argument("--steps", type=int, default=2, help="measured steps per mode")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps per mode")
     args = parser.parse_args()
@@ -165,8 +184,14 @@ def main() -> None:
     started = time.time()
     loaded = load_base_model(args.model, args.device, args.dtype)
     engine = Engine(loaded)
-    tasks = load_corpus("train")[: args.prompts]
+    corpus = load_corpus("train")
+    tasks = corpus[: args.prompts]
     prompts = [prompt_tokens(engine.tokenizer, task, "base") for task in tasks]
+    if args.prompt_tokens:
+        prompts = [
+            few_shot(engine.tokenizer, corpus[args.prompts :], prompt, args.prompt_tokens, i)
+            for i, prompt in enumerate(prompts)
+        ]
     print(f"model {engine.model_name} on {engine.device}/{engine.dtype}; "
           f"{args.prompts} prompts x {args.group} samples, prompt tokens "
           f"{min(map(len, prompts))}-{max(map(len, prompts))} "
