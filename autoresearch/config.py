@@ -99,6 +99,12 @@ class EvalConfig(_Strict):
     max_tokens: int = Field(96, ge=1, le=4096)
     baseline: bool = False
     """Also evaluate the untrained model on the test split (for reporting gains)."""
+    start: bool = False
+    """Also evaluate on the dev split before any training: the starting point (the base model,
+    or the `init_checkpoint`), paired task by task with the final dev score."""
+    every_tasks: int | None = Field(None, ge=1, le=100_000)
+    """Evaluations during training use only the first this many of the fixed dev tasks (a
+    cheaper, still fixed, subset: what pruning reads); default: all of them."""
 
 
 class TrialConfig(_Strict):

@@ -32,7 +32,9 @@ class TrialJob:
 
 class Executor(Protocol):
     def run(self, job: TrialJob, on_step: StepSink) -> TrialResult:
-        """Run (or re-attach to, or resume) the trial; raise if it crashed."""
+        """Run (or re-attach to, or resume) the trial; raise if it crashed. `on_step` gets each
+        step entry and each evaluation entry of the trial's record as it is written; when it
+        raises, the trial ends there with that exception."""
         ...
 
     def close(self) -> None: ...
@@ -46,7 +48,7 @@ class LocalExecutor:
 
     def run(self, job: TrialJob, on_step: StepSink) -> TrialResult:
         def progress(event: dict[str, Any]) -> None:
-            if event.get("type") == "step":
+            if event.get("type") in ("step", "eval"):  # evals during training feed pruning
                 on_step(event)
 
         return run_trial(job.config, job.directory, self.server_url, self.api_key, progress,

@@ -40,15 +40,17 @@ from autoresearch.decide import after_confirmation, first_look
 from autoresearch.executors import Executor, LocalExecutor, TrialJob
 from autoresearch.journal import Journal
 from autoresearch.proposers import Context, ProposalBatch, Proposer, make_proposer
+from autoresearch.pruning import StudyPruning, TrialPruned, intermediate_step
 from autoresearch.record import TrialRecord
 from autoresearch.space import config_diff, config_key
 from autoresearch.study import Study
 from autoresearch.tracing import Tracer
 from autoresearch.trial import TrialResult
+from autoresearch.warmup import WarmupFailed, WarmupStage
 
 log = logging.getLogger(__name__)
 
-FINISHED = ("done", "kept", "discarded")
+FINISHED = ("done", "kept", "discarded", "pruned")
 _IN_PROCESS: dict[Path, threading.Lock] = {}
 _IN_PROCESS_GUARD = threading.Lock()
 
@@ -77,7 +79,11 @@ def _api_key() -> str:
     return os.environ.get("TINKER_API_KEY") or "tml-local"
 
 
-def _total_steps(config: dict[str, Any]) -> int:
+def _total_steps(row: dict[str, Any]) -> int:
+    """Steps a trial spends: all it planned, or, when pruned, the ones it ran."""
+    config = row["config"]
+    if row["status"] == "pruned" and row.get("steps") is not None:
+        return int(row["steps"])
     return int(config["sft"]["steps"]) + int(config["rl"]["steps"])
 
 
@@ -102,20 +108,58 @@ class StudyRunner:
         self._buffer_lock = threading.Lock()
         self._said: set[str] = set()
         self._exploring = True
+        self._server_data: Path | None = None
+        base = study.trial_base()
+        self.pruning = StudyPruning(study.pruning, base.eval.every_tasks or base.eval.dev_tasks,
+                                    base.rl.steps)
 
     # ---------------------------------------------------------------- run
     def run(self) -> StudyOutcome:
         from autoresearch.report import write_report
 
         self._init_journal()
+        self._replay_pruning()
         with self._executor_for_study() as executor:
             if not isinstance(executor, ControlledExecutor):
                 executor = ControlledExecutor(executor, self.control)
+            try:
+                self._warm_up(executor)
+            except WarmupFailed as exc:
+                log.error("%s", exc)
+                self.journal.set_study(state="failed")
+                return self.outcome(write_report(self.dir))
             self._loop(executor)
         self.journal.set_study(state="finished")
         self.journal.event("study", "study finished")
         report = write_report(self.dir)
         return self.outcome(report)
+
+    def _warm_up(self, executor: Executor) -> None:
+        """Run (or reuse) the declared warm-up; every trial then starts from its checkpoint."""
+        if self.study.warmup is None:
+            return
+        from autoresearch.warmup import WARMUP_ID
+
+        owner = None
+        if self._server_data is not None:
+            from server.auth import owner_of
+
+            owner = owner_of(_api_key())
+        stage = WarmupStage(self.study, self.journal, self.dir, self._server_data, owner)
+        checkpoint = stage.ensure(executor, self._step_sink(WARMUP_ID, "warmup"))
+        self.space = self.study.space(checkpoint)
+
+    def _replay_pruning(self) -> None:
+        if not self.pruning.enabled:
+            return
+        evals: dict[str, list[tuple[int, float]]] = {}
+        for row in self.journal.query("SELECT trial_id, stage, split, accuracy, summary "
+                                      "FROM evals ORDER BY time"):
+            step = intermediate_step({**(row["summary"] or {}), "stage": row["stage"],
+                                      "split": row["split"]})
+            if step is not None and row["accuracy"] is not None:
+                evals.setdefault(row["trial_id"], []).append((step, row["accuracy"]))
+        self.pruning.replay(self.journal.trials(), evals)
 
     def outcome(self, report: Path | None = None) -> StudyOutcome:
         best_id = self.journal.study()["best_trial"]
@@ -154,8 +198,9 @@ class StudyRunner:
             if url is None:
                 from server.runtime import ServerConfig, ServerThread
 
+                self._server_data = (self.dir / "server-data").resolve()
                 server = ServerThread(ServerConfig(model=self.study.embedded_model, port=0,
-                                                   data_dir=self.dir / "server-data", api_keys=""))
+                                                   data_dir=self._server_data, api_keys=""))
                 url = stack.enter_context(server).url
             pool = stack.enter_context(RewardPool(workers=self.study.reward_workers))
             yield LocalExecutor(url, _api_key(), pool)
@@ -222,7 +267,7 @@ class StudyRunner:
         b = self.study.budget
         if b.max_steps is None:
             return True
-        used = sum(_total_steps(t["config"]) for t in trials if t["role"] != "confirm")
+        used = sum(_total_steps(t) for t in trials if t["role"] in ("baseline", "explore"))
         used += sum(c.sft.steps + c.rl.steps for c in planned)
         if used + config.sft.steps + config.rl.steps > b.max_steps:
             self._say_once("steps", f"step budget spent: {used} of {b.max_steps} steps planned")
@@ -341,10 +386,14 @@ class StudyRunner:
         job = TrialJob(row["id"], TrialConfig.model_validate(row["config"]),
                        (self.dir / row["directory"]).resolve())
         log.info("running %s", row["id"])
-        return threads.submit(_run_exclusively, executor, job, self._step_sink(row["id"]))
+        return threads.submit(_run_exclusively, executor, job,
+                              self._step_sink(row["id"], row["role"]))
 
-    def _step_sink(self, trial_id: str):
+    def _step_sink(self, trial_id: str, role: str):
         def sink(entry: dict[str, Any]) -> None:
+            if entry.get("type") == "eval":
+                self._intermediate(trial_id, role, entry)
+                return
             with self._buffer_lock:
                 self._buffers.setdefault(trial_id, []).append(entry)
                 due = time.monotonic() - self._flushed.get(trial_id, 0.0) >= STEP_FLUSH_SECONDS
@@ -352,6 +401,26 @@ class StudyRunner:
                 self._flush_steps(trial_id)
 
         return sink
+
+    def _intermediate(self, trial_id: str, role: str, entry: dict[str, Any]) -> None:
+        """A dev score during training: report it to the pruner; stop the trial if pruned."""
+        step = intermediate_step(entry)
+        value = entry.get("accuracy")
+        if isinstance(value, dict):
+            value = value.get("value")
+        if step is None or value is None:
+            return
+        accuracy = entry["accuracy"] if isinstance(entry["accuracy"], dict) else {
+            "value": value, "n": entry.get("n")}
+        self.journal.put_evals(trial_id, [{**entry, "accuracy": accuracy,
+                                           "time": entry.get("time") or time.time()}],
+                               replace=False)
+        numbers = self.pruning.report(trial_id, role, step, float(value))
+        if numbers is not None:
+            raise TrialPruned(
+                f"pruned at RL step {step}: dev subset {numbers['value']:.3f} vs best "
+                f"{numbers['best']:.3f} at that step, behind by more than the noise margin "
+                f"{numbers['margin']:.3f} (n={numbers['n']}; {numbers['rule']})", step)
 
     def _flush_steps(self, trial_id: str) -> None:
         with self._buffer_lock:
@@ -373,6 +442,16 @@ class StudyRunner:
             self.journal.put_steps(trial_id, streamed)
         try:
             result: TrialResult = future.result()
+        except TrialPruned as exc:
+            ran = int(row["config"]["sft"]["steps"]) + exc.step  # pruned after RL step k
+            tokens = sum(int(e.get("tokens") or 0) for e in steps or streamed)
+            self.journal.finish_trial(trial_id, steps, evals, status="pruned",
+                                      finished=time.time(), error=str(exc), steps=ran,
+                                      tokens=tokens)
+            self.journal.event("pruning", str(exc), trial_id, step=exc.step)
+            self.pruning.finish(trial_id, None, pruned=True)
+            log.info("trial %s %s", trial_id, exc)
+            return
         except TrialStopped as exc:
             self.journal.finish_trial(trial_id, steps, evals, status="stopped",
                                       finished=time.time(), error=str(exc))
@@ -384,6 +463,7 @@ class StudyRunner:
             self.journal.finish_trial(trial_id, steps, evals, status="crashed",
                                       finished=time.time(), error=error)
             self.journal.event("trial", f"crashed: {type(exc).__name__}: {exc}", trial_id)
+            self.pruning.finish(trial_id, None)
             log.warning("trial %s crashed: %s", trial_id, exc)
             return
         dev, test = result.dev or {}, result.test or {}
@@ -395,6 +475,7 @@ class StudyRunner:
             test_high=tacc.get("high"), test_n=tacc.get("n"), dev=result.dev, test=result.test,
             steps=result.steps, tokens=result.tokens, wall_seconds=result.wall_seconds,
             checkpoint=result.checkpoint)
+        self.pruning.finish(trial_id, acc.get("value"))
         log.info("trial %s done: dev accuracy %s", trial_id, acc.get("value"))
         self._trace_trial(trial_id, row["config"], row["rationale"], acc, result.steps,
                           result.tokens, result.wall_seconds)

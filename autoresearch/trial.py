@@ -207,6 +207,9 @@ class Trial:
         if resume is None and c.eval.baseline:
             base = service.create_sampling_client(base_model=c.base_model).result()
             self._eval(base, tokenizer, test, "test", stage="base")
+        if resume is None and c.eval.start:
+            start = training.save_weights_and_get_sampling_client().result()
+            self._eval(start, tokenizer, dev, "dev", stage="start", step=0)
         sft_start = 0 if resume is None else (resume.step if resume.phase == "sft" else c.sft.steps)
         for step in range(sft_start, c.sft.steps):
             tokens += self._sft_step(training, tokenizer, train, step)
@@ -228,9 +231,11 @@ class Trial:
             self._maybe_checkpoint(training, "rl", step + 1, c.rl.steps, tokens)
             if c.eval.every and (step + 1) % c.eval.every == 0 and step + 1 < c.rl.steps:
                 sampler = training.save_weights_and_get_sampling_client().result()
-                self._eval(sampler, tokenizer, dev, "dev", stage=f"rl-{step + 1}")
+                subset = dev[: c.eval.every_tasks] if c.eval.every_tasks else dev
+                self._eval(sampler, tokenizer, subset, "dev", stage=f"rl-{step + 1}",
+                           step=step + 1)
         sampler = training.save_weights_and_get_sampling_client().result()
-        final_dev = self._eval(sampler, tokenizer, dev, "dev", stage="final")
+        final_dev = self._eval(sampler, tokenizer, dev, "dev", stage="final", step=c.rl.steps)
         final_test = self._eval(sampler, tokenizer, test, "test", stage="final") if test else None
         checkpoint = training.save_state("final").result().path
         entries = self.record.entries()
@@ -438,7 +443,9 @@ class Trial:
         tasks: list[Task],
         split: str,
         stage: str,
+        step: int | None = None,
     ) -> EvalResult:
+        """`step`: RL steps done when the weights were evaluated (what pruning compares at)."""
         started = time.time()
         result = evaluate(
             sampler,
@@ -451,13 +458,16 @@ class Trial:
             self.config.eval.max_tokens,
         )
         entry = self.record.append(
-            "eval", stage=stage, seconds=round(time.time() - started, 3), **result.summary()
+            "eval", stage=stage, step=step, seconds=round(time.time() - started, 3),
+            **result.summary()
         )
         self.progress(
             {
                 "phase": "eval",
                 "stage": stage,
                 "split": split,
+                "step": step,
+                "n": result.accuracy.n,
                 "accuracy": result.accuracy.value,
                 **{"type": entry["type"]},
             }
