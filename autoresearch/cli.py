@@ -74,7 +74,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
 def _study_logging() -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-    for name in ("autoresearch.runner", "autoresearch.kube"):
+    for name in ("autoresearch.runner", "autoresearch.kube", "autoresearch.warmup"):
         logger = logging.getLogger(name)
         logger.setLevel(logging.INFO)
         logger.addHandler(handler)
