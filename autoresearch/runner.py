@@ -46,7 +46,7 @@ from autoresearch.space import config_diff, config_key
 from autoresearch.study import Study
 from autoresearch.tracing import Tracer
 from autoresearch.trial import TrialResult
-from autoresearch.warmup import WarmupFailed, WarmupStage
+from autoresearch.warmup import WarmupFailed, WarmupStage, remote_checkpoint_exists
 
 log = logging.getLogger(__name__)
 
@@ -140,12 +140,15 @@ class StudyRunner:
             return
         from autoresearch.warmup import WARMUP_ID
 
-        owner = None
+        owner, exists = None, None
         if self._server_data is not None:
             from server.auth import owner_of
 
             owner = owner_of(_api_key())
-        stage = WarmupStage(self.study, self.journal, self.dir, self._server_data, owner)
+        elif (url := self.study.resolved_server_url()) is not None:
+            def exists(path: str) -> bool:
+                return remote_checkpoint_exists(url, _api_key(), path)
+        stage = WarmupStage(self.study, self.journal, self.dir, self._server_data, owner, exists)
         checkpoint = stage.ensure(executor, self._step_sink(WARMUP_ID, "warmup"))
         self.space = self.study.space(checkpoint)
 

@@ -135,6 +135,22 @@ class WarmupCache:
         os.replace(tmp, target / "run.json")
 
 
+def remote_checkpoint_exists(server_url: str, api_key: str, checkpoint: str) -> bool:
+    """Whether a named server still holds the checkpoint: False only when it says it has none
+    (a server that cannot be reached fails the trials with its own clear error instead)."""
+    import tinker
+
+    rest = tinker.RestClient(base_url=server_url, api_key=api_key)
+    try:
+        rest.get_weights_info_by_tinker_path(checkpoint).result(timeout=60)
+    except (tinker.NotFoundError, tinker.BadRequestError, tinker.PermissionDeniedError):
+        return False
+    except Exception:  # noqa: BLE001 - unreachable or busy: not evidence that it is gone
+        log.warning("could not ask %s about %s; using the cached warm-up", server_url,
+                    checkpoint)
+    return True
+
+
 def _eval_summary(entry: dict[str, Any] | None) -> dict[str, Any] | None:
     if entry is None:
         return None
