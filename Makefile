@@ -37,6 +37,7 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 server: setup
 	$(BIN)/python -m server

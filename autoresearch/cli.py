@@ -23,7 +23,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from autoresearch.config import TrialConfig
+from autoresearch.rl.config import TrialConfig
 
 
 @contextlib.contextmanager
@@ -33,7 +33,7 @@ def server_url(url: str | None, data_dir: Path) -> Iterator[str]:
     if url:
         yield url
         return
-    from server.runtime import ServerConfig, ServerThread
+    from server.entrypoints.runtime import ServerConfig, ServerThread
 
     with ServerThread(ServerConfig(port=0, data_dir=data_dir)) as server:
         yield server.url
@@ -44,8 +44,8 @@ def _api_key() -> str:
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
-    from autoresearch.progress import TrialProgress
-    from autoresearch.trial import run_trial
+    from autoresearch.rl.progress import TrialProgress
+    from autoresearch.rl.trial import run_trial
 
     config = TrialConfig.from_file(args.config)
     out = Path(args.out or Path("runs") / f"{config.name}-{config.fingerprint()}")
@@ -65,7 +65,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
         "checkpoint": result.checkpoint,
     }
     print(json.dumps(summary, indent=2))
-    from autoresearch.executors import result_line
+    from autoresearch.study.executors.base import result_line
 
     print(result_line(result), flush=True)  # what a study's Kubernetes executor reads
     return 0
@@ -74,7 +74,8 @@ def cmd_trial(args: argparse.Namespace) -> int:
 def _study_logging() -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-    for name in ("autoresearch.runner", "autoresearch.kube", "autoresearch.warmup"):
+    for name in ("autoresearch.study.runner", "autoresearch.study.executors.kubernetes",
+                 "autoresearch.study.warmup"):
         logger = logging.getLogger(name)
         logger.setLevel(logging.INFO)
         logger.addHandler(handler)
@@ -105,15 +106,16 @@ def _run_unattended(start) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from autoresearch.study import Study
+    from autoresearch.study.runner import run_study
+    from autoresearch.study.spec import Study
 
     study = Study.from_file(args.study)
     _clear_control(args.out or study.directory())
-    return _run_unattended(lambda: study.run(args.out))
+    return _run_unattended(lambda: run_study(study, args.out))
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from autoresearch.runner import resume_study
+    from autoresearch.study.runner import resume_study
 
     _clear_control(args.directory)
     return _run_unattended(lambda: resume_study(args.directory))
@@ -121,7 +123,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def _clear_control(directory: Path) -> None:
     """A study started by hand runs unhindered by an earlier `pause` or `stop`."""
-    from autoresearch.control import StudyControl
+    from autoresearch.study.control import StudyControl
 
     if Path(directory).exists():
         StudyControl(directory).reset()
@@ -129,7 +131,7 @@ def _clear_control(directory: Path) -> None:
 
 def cmd_control(args: argparse.Namespace) -> int:
     """Steer a study that runs elsewhere (another shell, a notebook, a Job) via its control file."""
-    from autoresearch.control import StudyControl
+    from autoresearch.study.control import StudyControl
 
     control = StudyControl(args.directory)
     if args.command == "pause":
@@ -148,21 +150,25 @@ def cmd_control(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from autoresearch.report import status
+    from autoresearch.study.report import status
 
     print(status(args.directory))
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from autoresearch.report import render, write_report
+    from autoresearch.study.journal import Journal
+    from autoresearch.study.report import build, to_markdown
+    from autoresearch.ui.report import report_page
 
+    journal = Journal(args.directory, read_only=True)
+    blocks = build(journal)
+    text = report_page(blocks) if args.format == "html" else to_markdown(blocks)
     if args.out is None and args.print:
-        from autoresearch.journal import Journal
-
-        print(render(Journal(args.directory, read_only=True), args.format))
+        print(text)
         return 0
-    path = write_report(args.directory, args.format, args.out)
+    path = Path(args.out) if args.out else journal.path.parent / f"report.{args.format}"
+    path.write_text(text, encoding="utf-8")
     print(path)
     return 0
 

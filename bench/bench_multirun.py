@@ -114,8 +114,8 @@ class Bench:
     def __init__(self, args: argparse.Namespace, data_dir: str, limits=None):
         import tinker
 
-        from server.runtime import ServerConfig, ServerThread
-        from server.service import Limits
+        from server.entrypoints.runtime import ServerConfig, ServerThread
+        from server.service.service import Limits
 
         self.tinker = tinker
         config = ServerConfig(model=args.model, port=0, data_dir=Path(data_dir), api_keys="",
@@ -484,7 +484,7 @@ class PeakRss:
 def memory(args: argparse.Namespace) -> None:
     from tinker import types
 
-    from server.service import Limits
+    from server.service.service import Limits
 
     runs, cap = (8, 2) if args.quick else (32, 8)
     header("memory", args)
@@ -552,7 +552,7 @@ def memory(args: argparse.Namespace) -> None:
 def sampler_vs_generate(args: argparse.Namespace) -> None:
     from tinker import types
 
-    from server.model_loading import load_base_model
+    from server.engine.model_loading import load_base_model
 
     rows, max_tokens = (4, 4) if args.quick else (8, 24)
     rounds = 1 if args.quick else 2

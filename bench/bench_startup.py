@@ -104,7 +104,7 @@ def load_in_process(cache_root: Path) -> tuple[float, float]:
     started = time.perf_counter()
     import transformers
 
-    from server.model_loading import load_base_model
+    from server.engine.model_loading import load_base_model
 
     transformers.utils.logging.disable_progress_bar()
     imported = time.perf_counter()

@@ -40,12 +40,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "datasets")]
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-from autoresearch.decide import paired_items  # noqa: E402
-from autoresearch.journal import Journal  # noqa: E402
-from autoresearch.proposers import Context, Proposal, ProposalBatch  # noqa: E402
-from autoresearch.runner import run_study  # noqa: E402
-from autoresearch.stats import Estimate, paired_difference  # noqa: E402
-from autoresearch.study import Study  # noqa: E402
+from autoresearch.evaluation.stats import Estimate, paired_difference  # noqa: E402
+from autoresearch.study.decisions import paired_items  # noqa: E402
+from autoresearch.study.journal import Journal  # noqa: E402
+from autoresearch.study.proposers import Context, Proposal, ProposalBatch  # noqa: E402
+from autoresearch.study.runner import run_study  # noqa: E402
+from autoresearch.study.spec import Study  # noqa: E402
 
 NO_OP = {"rl.max_train_tokens": 10**12}
 """A change that changes nothing a trial does (the token cap is never reached): it only makes a
@@ -205,7 +205,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
     logging.getLogger("tinker").setLevel(logging.ERROR)
-    for name in ("autoresearch.runner", "autoresearch.warmup"):
+    for name in ("autoresearch.study.runner", "autoresearch.study.warmup"):
         logging.getLogger(name).setLevel(logging.INFO)
     design = DESIGNS["smoke" if args.smoke else "full"]
     root = args.resume or args.out / time.strftime("%Y%m%d-%H%M%S")

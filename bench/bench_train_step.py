@@ -92,7 +92,7 @@ class ServerSide:
     def __init__(self, rank: int, data_dir: str):
         import tinker
 
-        from server.runtime import ServerConfig, ServerThread
+        from server.entrypoints.runtime import ServerConfig, ServerThread
 
         self.tinker = tinker
         self.server = ServerThread(ServerConfig(port=0, data_dir=data_dir)).start()
@@ -140,8 +140,8 @@ class InProcessSide:
         import transformers
         from peft import LoraConfig, get_peft_model
 
-        from server.lora import LORA_ALPHA
-        from server.model_loading import embedded_cache_path
+        from server.engine.lora import LORA_ALPHA
+        from server.engine.model_loading import embedded_cache_path
 
         base = transformers.AutoModelForCausalLM.from_pretrained(
             str(embedded_cache_path()), dtype=torch.float32

@@ -18,12 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from autoresearch.config import TrialConfig
-from autoresearch.record import TrialRecord
-from autoresearch.stats import paired_difference
-from autoresearch.trial import run_trial
+from autoresearch.evaluation.stats import paired_difference
+from autoresearch.rl.config import TrialConfig
+from autoresearch.rl.record import TrialRecord
+from autoresearch.rl.trial import run_trial
 from rewards import RewardPool
-from server.runtime import ServerConfig, ServerThread
+from server.entrypoints.runtime import ServerConfig, ServerThread
 
 
 def config(quick: bool, test_tasks: int) -> TrialConfig:

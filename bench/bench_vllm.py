@@ -111,9 +111,9 @@ def train_adapter(engine, args: argparse.Namespace):
     """A few cross-entropy steps on SQL-ish text; returns the run and its losses."""
     import numpy as np
 
-    from server.codec import Datum
-    from server.engine import AdamParams, ForwardBackwardJob
-    from server.lora import LoraSpec
+    from server.engine.engine import AdamParams, ForwardBackwardJob
+    from server.engine.lora import LoraSpec
+    from server.protocol.codec import Datum
 
     run = engine.create_run(LoraSpec(rank=args.rank, train_unembed=False), seed=0)
     data = []
@@ -135,9 +135,9 @@ def trainer_logprobs(engine, run, prompt: list[int], tokens: list[int], temperat
     import numpy as np
     import torch
 
-    from server.codec import Datum
-    from server.engine import ForwardBackwardJob
-    from server.lora import RowGroup, routing
+    from server.engine.engine import ForwardBackwardJob
+    from server.engine.lora import RowGroup, routing
+    from server.protocol.codec import Datum
 
     if temperature == 1.0:  # exactly the training path: forward_backward, forward only
         full = np.asarray(prompt + tokens, dtype=np.int64)
@@ -157,7 +157,7 @@ def trainer_logprobs(engine, run, prompt: list[int], tokens: list[int], temperat
 def agreement(engine, run, sampler, prompts: list[list[int]], temperature: float) -> dict:
     import numpy as np
 
-    from server.engine import SampleJob, SamplingParams
+    from server.engine.engine import SampleJob, SamplingParams
 
     adapter = run.adapter.frozen_copy()
     jobs = [SampleJob(adapter, p, 4, SamplingParams(max_tokens=64, temperature=temperature,
@@ -190,9 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     preflight(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
-    from server.engine import Engine, SampleJob, SamplingParams
-    from server.model_loading import embedded_cache_path, load_base_model
-    from server.runtime import free_port
+    from server.engine.engine import Engine, SampleJob, SamplingParams
+    from server.engine.model_loading import embedded_cache_path, load_base_model
+    from server.entrypoints.runtime import free_port
     from server.samplers import VLLMSampler
     from server.samplers.openai_http import OpenAICompatClient
     from server.samplers.vllm_process import VLLMServer, serve_command

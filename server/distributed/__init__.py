@@ -18,4 +18,7 @@ Guarantees and where they come from:
 - Results are written once (SET NX): a replayed op recomputes its result and the write is a no-op.
 - State-changing ops are appended to a durable op log (`journal.py`) atomically with their
   acknowledgement; a restarted trainer restores each run's last saved state and replays the rest.
+
+May import `server.api`, `service` and everything below them; the roles start from
+`server.entrypoints.roles`.
 """

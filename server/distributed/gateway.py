@@ -20,7 +20,8 @@ import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from server.auth import AuthError, KeyRing
+from server.api.auth import AuthError, KeyRing
+from server.api.http_body import BodyTooLarge, read_body
 from server.distributed.store import (
     ENQUEUE_ONCE,
     REPLY_TTL_SECONDS,
@@ -29,8 +30,7 @@ from server.distributed.store import (
     decode_reply,
     decode_result,
 )
-from server.futures import LONG_POLL_SECONDS
-from server.http_body import BodyTooLarge, read_body
+from server.protocol.futures import LONG_POLL_SECONDS
 
 log = logging.getLogger(__name__)
 

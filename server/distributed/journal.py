@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from tinker.proto import tinker_public_pb2 as pb
 
-from server.engine import Engine, RunState
-from server.lora import AdapterWeights, LoraSpec
+from server.engine.engine import Engine, RunState
+from server.engine.lora import AdapterWeights, LoraSpec
 
 CONTROL_PATHS = {"/create_session", "/create_model", "/create_sampling_session"}
 RUN_PATHS = {"/optim_step", "/save_weights", "/save_weights_for_sampler", "/load_weights"}

@@ -19,11 +19,11 @@ import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
-from server.codec import SampleResult, encode_sample_response
 from server.distributed.snapshots import StoredAdapter, load_snapshot
 from server.distributed.store import Store, encode_result
-from server.engine import SampleJob, SamplingParams, UserError
-from server.futures import RESULT_TTL_SECONDS
+from server.engine.engine import SampleJob, SamplingParams, UserError
+from server.protocol.codec import SampleResult, encode_sample_response
+from server.protocol.futures import RESULT_TTL_SECONDS
 
 log = logging.getLogger(__name__)
 

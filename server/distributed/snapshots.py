@@ -18,8 +18,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from server.checkpoints import adapter_from_tensors, adapter_tensors, peft_config, spec_from_peft
-from server.lora import AdapterWeights
+from server.engine.lora import AdapterWeights
+from server.storage.checkpoints import (
+    adapter_from_tensors,
+    adapter_tensors,
+    peft_config,
+    spec_from_peft,
+)
 
 WEIGHTS = "adapter_model.safetensors"
 CONFIG = "adapter_config.json"

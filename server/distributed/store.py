@@ -29,7 +29,7 @@ from typing import Any
 
 import redis
 
-from server.futures import LONG_POLL_SECONDS, RESULT_TTL_SECONDS, FutureRecord
+from server.protocol.futures import LONG_POLL_SECONDS, RESULT_TTL_SECONDS, FutureRecord
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ class Store:
 
 
 class RedisFutureStore:
-    """`server.futures.FutureStore`'s interface, with futures and results kept in Redis.
+    """`server.protocol.futures.FutureStore`'s interface, with futures and results kept in Redis.
 
     A future's request id is the id of the op that created it (`current_op`, set by the
     trainer's dispatcher), so replaying an op addresses the same future, whose result the replay

@@ -25,9 +25,8 @@ from typing import Any
 
 import httpx
 
-from server.app import create_app
-from server.auth import AuthError
-from server.checkpoints import CheckpointStore, TinkerPath
+from server.api.app import create_app
+from server.api.auth import AuthError
 from server.distributed.journal import (
     RunStateSaves,
     SavePoint,
@@ -45,9 +44,10 @@ from server.distributed.store import (
     Store,
     encode_reply,
 )
-from server.engine import Engine
-from server.scheduler import Work
-from server.service import NotFound, Sampler, Session, TrainingService
+from server.engine.engine import Engine
+from server.scheduling.scheduler import Work
+from server.service.service import NotFound, Sampler, Session, TrainingService
+from server.storage.checkpoints import CheckpointStore, TinkerPath
 
 log = logging.getLogger(__name__)
 

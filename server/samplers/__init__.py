@@ -9,6 +9,8 @@ list[SampleResult]`, so a sampler worker holds whichever `make_sampler` returns.
 - `adapters`: content-addressed PEFT directories, and which of them the server holds.
 - `openai_http`: the HTTP client (timeouts, retries, server-category errors).
 - `vllm_process`: the `vllm serve` command line, and a child-process wrapper.
+
+May import `server.storage`, `engine`, `protocol` and `observability`; not the service.
 """
 
 from server.samplers.vllm_sampler import SampleBatchError, Sampler, VLLMSampler, make_sampler

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from server.checkpoints import adapter_tensors, peft_config
-from server.lora import AdapterWeights
+from server.engine.lora import AdapterWeights
+from server.storage.checkpoints import adapter_tensors, peft_config
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Tinker sampling requests as OpenAI `/v1/completions` bodies, and the answers back.
 
-Pure functions, no HTTP. The mapping keeps the torch sampler's (`server.engine.Engine.sample`)
-semantics:
+Pure functions, no HTTP. The mapping keeps the semantics of the torch sampler
+(`server.engine.engine.Engine.sample`):
 
 - `stop` absent: stop at end of sequence. The engine's own end-of-sequence ids are sent as
   `stop_token_ids`, so both samplers stop on the same tokens whatever the server's generation
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from server.codec import SampledSequence
-from server.engine import DEFAULT_MAX_TOKENS, SampleJob
+from server.engine.engine import DEFAULT_MAX_TOKENS, SampleJob
+from server.protocol.codec import SampledSequence
 from server.samplers.openai_http import VLLMError
 
 TOPK_PAD_ID = 0

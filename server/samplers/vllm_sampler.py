@@ -1,6 +1,6 @@
 """Sampling through a vLLM server, with the torch engine's `sample(jobs)` contract.
 
-`VLLMSampler.sample(jobs)` takes the same `SampleJob`s as `server.engine.Engine.sample` and
+`VLLMSampler.sample(jobs)` takes the same `SampleJob`s as `server.engine.engine.Engine.sample` and
 returns the same `SampleResult`s, so a sampler worker can hold either. For each job it
 
 1. publishes the job's adapter (if any) as an immutable PEFT directory named by its content
@@ -11,9 +11,9 @@ returns the same `SampleResult`s, so a sampler worker can hold either. For each 
 
 A failed request fails its own job only: `sample_each` returns an exception in that job's place,
 and `sample` raises `SampleBatchError` after remembering the jobs that succeeded, so a caller that
-retries the jobs one by one (as `server.scheduler` does) gets those results back without sampling
-them twice; the memory lasts until a batch arrives that retries none of them. Every failure is a
-`VLLMError` (a `RuntimeError`: a server error, not the user's).
+retries the jobs one by one (as `server.scheduling.scheduler` does) gets those results back
+without sampling them twice; the memory lasts until a batch arrives that retries none of them.
+Every failure is a `VLLMError` (a `RuntimeError`: a server error, not the user's).
 
 At start-up the sampler measures the server's logprob semantics (`server.samplers.semantics`)
 and refuses a server that reports raw-model logprobs, unless told not to be strict, in which case
@@ -34,10 +34,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
-from server.codec import SampledSequence, SampleResult
-from server.engine import Engine, SampleJob
-from server.lora import ATTN_MODULES, MLP_MODULES
-from server.model_loading import default_cache_dir
+from server.engine.engine import Engine, SampleJob
+from server.engine.lora import ATTN_MODULES, MLP_MODULES
+from server.engine.model_loading import default_cache_dir
+from server.protocol.codec import SampledSequence, SampleResult
 from server.samplers.adapters import AdapterPublisher, LoadedAdapters, PublishedAdapter
 from server.samplers.completions import (
     completion_body,

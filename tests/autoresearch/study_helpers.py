@@ -15,11 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autoresearch.config import TrialConfig
-from autoresearch.executors import TrialJob
-from autoresearch.space import config_key
-from autoresearch.stats import wilson
-from autoresearch.trial import TrialResult
+from autoresearch.evaluation.stats import wilson
+from autoresearch.rl.config import TrialConfig
+from autoresearch.rl.trial import TrialResult
+from autoresearch.study.executors.base import TrialJob
+from autoresearch.study.space import config_key
 
 TINY_TRIAL = {
     "lora_rank": 4,

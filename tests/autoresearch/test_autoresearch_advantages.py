@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from autoresearch.advantages import group_advantages, is_constant, kl_estimates, token_advantages
+from autoresearch.rl.advantages import group_advantages, is_constant, kl_estimates, token_advantages
 
 
 def test_mean_centred_advantages_sum_to_zero_and_keep_order():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from autoresearch.config import TrialConfig
+from autoresearch.rl.config import TrialConfig
 
 
 def test_defaults_validate_and_round_trip_through_yaml(tmp_path):

@@ -7,7 +7,7 @@ import sys
 import threading
 from pathlib import Path
 
-from autoresearch.journal import Journal
+from autoresearch.study.journal import Journal
 
 READER = """
 import sys, time, duckdb

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autoresearch.config import TrialConfig
-from autoresearch.decide import after_confirmation, compare, first_look
-from autoresearch.journal import Journal
-from autoresearch.runner import run_study
-from autoresearch.study import Study
+from autoresearch.rl.config import TrialConfig
+from autoresearch.study.decisions import after_confirmation, compare, first_look
+from autoresearch.study.journal import Journal
+from autoresearch.study.runner import run_study
+from autoresearch.study.spec import Study
 from tests.autoresearch.study_helpers import SyntheticExecutor, draw
 
 BASE = TrialConfig()

@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 import yaml
 
-from autoresearch.config import TrialConfig
-from autoresearch.executors import result_line
-from autoresearch.journal import Journal
-from autoresearch.kube import KubernetesExecutor
-from autoresearch.runner import resume_study, run_study
-from autoresearch.study import Study, WarmupSpec
-from autoresearch.trial import TrialResult
+from autoresearch.rl.config import TrialConfig
+from autoresearch.rl.trial import TrialResult
+from autoresearch.study.executors.base import result_line
+from autoresearch.study.executors.kubernetes import KubernetesExecutor
+from autoresearch.study.journal import Journal
+from autoresearch.study.runner import resume_study, run_study
+from autoresearch.study.spec import Study, WarmupSpec
 from tests.autoresearch.fake_kube import FakeKube
 from tests.autoresearch.study_helpers import draw, summary
 
@@ -80,7 +80,7 @@ def test_each_trial_runs_once_as_a_job_made_from_the_shipped_template(fake, tmp_
 
 def test_the_job_manifest_carries_config_image_server_and_output_directory(fake, tmp_path):
     executor = KubernetesExecutor("kube", _study().executor, SERVER)
-    from autoresearch.executors import TrialJob
+    from autoresearch.study.executors.base import TrialJob
 
     config = TrialConfig().with_changes({"name": "kube-t0007", "rl.adam.learning_rate": 2e-4})
     body = executor.manifest(TrialJob("t0007", config, tmp_path / "trials/t0007"))
@@ -139,7 +139,7 @@ def test_the_warmup_is_a_job_of_its_own_and_a_second_study_reuses_it(
         asked.append(path)
         return True  # the server still holds it
 
-    monkeypatch.setattr("autoresearch.runner.remote_checkpoint_exists", exists)
+    monkeypatch.setattr("autoresearch.study.runner.remote_checkpoint_exists", exists)
 
     def study(name: str) -> Study:
         return _study(max_trials=2).model_copy(update={
@@ -161,9 +161,9 @@ def test_the_warmup_is_a_job_of_its_own_and_a_second_study_reuses_it(
 
 
 def test_a_pruned_trial_s_job_is_deleted(fake, tmp_path: Path):
-    from autoresearch.executors import TrialJob
-    from autoresearch.pruning import TrialPruned
-    from autoresearch.record import TrialRecord
+    from autoresearch.rl.record import TrialRecord
+    from autoresearch.study.executors.base import TrialJob
+    from autoresearch.study.pruning import TrialPruned
 
     fake.run_seconds = 5.0
     executor = KubernetesExecutor("kube", _study().executor, SERVER)

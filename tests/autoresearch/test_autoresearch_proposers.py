@@ -12,13 +12,13 @@ from typing import Any
 import httpx
 import pytest
 
-from autoresearch.config import TrialConfig
-from autoresearch.journal import Journal
-from autoresearch.proposers import Context, LLMResearcher, OptunaProposer, make_proposer
-from autoresearch.proposers.backends import OpenAIBackend
-from autoresearch.runner import run_study
-from autoresearch.space import SearchSpace, config_key
-from autoresearch.study import ProposerSpec, Study
+from autoresearch.rl.config import TrialConfig
+from autoresearch.study.journal import Journal
+from autoresearch.study.proposers import Context, LLMResearcher, OptunaProposer, make_proposer
+from autoresearch.study.proposers.backends import OpenAIBackend
+from autoresearch.study.runner import run_study
+from autoresearch.study.space import SearchSpace, config_key
+from autoresearch.study.spec import ProposerSpec, Study
 from tests.autoresearch.fake_llm import SLOW, FakeGemini, Script, openai_transport
 from tests.autoresearch.study_helpers import SyntheticExecutor
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import optuna
 
-from autoresearch.journal import Journal
-from autoresearch.pruning import NoiseMarginPruner, StudyPruning
-from autoresearch.runner import resume_study, run_study
-from autoresearch.study import PruningSpec, Study
+from autoresearch.study.journal import Journal
+from autoresearch.study.pruning import NoiseMarginPruner, StudyPruning
+from autoresearch.study.runner import resume_study, run_study
+from autoresearch.study.spec import PruningSpec, Study
 from tests.autoresearch.study_helpers import SyntheticExecutor
 
 CHOICES = {"rl.adam.learning_rate": {"choices": [1e-4, 1e-6, 1e-7, 2e-7, 3e-7, 5e-7]}}
@@ -82,7 +82,7 @@ def test_a_resumed_study_rebuilds_the_pruner_from_the_journal(tmp_path: Path):
               executor=SyntheticExecutor(quality))
     before = Journal(tmp_path, read_only=True).trials()
     more = _study("again", budget={"max_trials": 6, "confirm_seeds": 0})
-    from autoresearch.runner import StudyRunner
+    from autoresearch.study.runner import StudyRunner
 
     runner = StudyRunner(more, tmp_path, executor=SyntheticExecutor(quality))
     runner._replay_pruning()

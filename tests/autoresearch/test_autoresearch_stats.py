@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoresearch.stats import paired_difference, wilson
+from autoresearch.evaluation.stats import paired_difference, wilson
 
 
 def test_wilson_interval_matches_a_published_value():

@@ -14,9 +14,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from autoresearch.record import TrialRecord
-from autoresearch.runner import StudyOutcome, resume_study
-from autoresearch.study import Study
+from autoresearch.rl.record import TrialRecord
+from autoresearch.study.runner import StudyOutcome, resume_study
+from autoresearch.study.spec import Study
 from tests.autoresearch.study_helpers import tiny_trial
 
 pytestmark = pytest.mark.timeout(420)

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from autoresearch.cli import main
-from autoresearch.journal import Journal
-from autoresearch.runner import resume_study, run_study
-from autoresearch.study import Study
+from autoresearch.study.journal import Journal
+from autoresearch.study.runner import resume_study, run_study
+from autoresearch.study.spec import Study
 from tests.autoresearch.study_helpers import SyntheticExecutor
 
 LR = {"rl.adam.learning_rate": {"low": 1e-5, "high": 1e-3, "log": True}}

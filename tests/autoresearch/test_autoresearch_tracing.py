@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from autoresearch import tracing
-from autoresearch.runner import run_study
-from autoresearch.study import Study
+from autoresearch.study import tracing
+from autoresearch.study.runner import run_study
+from autoresearch.study.spec import Study
 from tests.autoresearch.study_helpers import SyntheticExecutor
 
 
@@ -58,7 +58,7 @@ def test_without_configuration_nothing_is_attempted(fake_weave, tmp_path: Path, 
         assert not tracer.enabled and tracer.op("x", fn) is fn
         run_study(_study(), tmp_path, executor=SyntheticExecutor(lambda c: 0.3))
     assert fake_weave.projects == [] and fake_weave.calls == []
-    assert not [r for r in caplog.records if r.name == "autoresearch.tracing"]
+    assert not [r for r in caplog.records if r.name == "autoresearch.study.tracing"]
 
 
 def test_with_a_project_and_key_proposals_and_trials_are_traced(fake_weave, monkeypatch,
@@ -75,7 +75,7 @@ def test_a_configured_tracer_that_cannot_start_warns_once(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "weave", None)  # import fails
     monkeypatch.setenv("WANDB_API_KEY", "wandb-key")
     monkeypatch.setattr(tracing, "_warned", set())
-    with caplog.at_level(logging.WARNING, logger="autoresearch.tracing"):
+    with caplog.at_level(logging.WARNING, logger="autoresearch.study.tracing"):
         for _ in range(3):
             assert not tracing.Tracer("team/sql-rl").enabled
     assert len([r for r in caplog.records if "could not start" in r.message]) == 1

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autoresearch.config import TrialConfig
-from autoresearch.record import TrialRecord
-from autoresearch.trial import rl_datum, run_trial, supervised_datum
+from autoresearch.rl.config import TrialConfig
+from autoresearch.rl.record import TrialRecord
+from autoresearch.rl.trial import rl_datum, run_trial, supervised_datum
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DETERMINISTIC_STEP_FIELDS = (

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from autoresearch.journal import Journal
-from autoresearch.report import write_report
-from autoresearch.runner import resume_study, run_study
-from autoresearch.study import Study
+from autoresearch.study.journal import Journal
+from autoresearch.study.report import write_report
+from autoresearch.study.runner import resume_study, run_study
+from autoresearch.study.spec import Study
 from tests.autoresearch.study_helpers import SyntheticExecutor
 
 LR = {"rl.adam.learning_rate": {"low": 1e-5, "high": 1e-3, "log": True}}

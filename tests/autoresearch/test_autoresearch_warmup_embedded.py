@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from autoresearch.journal import Journal
-from autoresearch.record import TrialRecord
-from autoresearch.runner import run_study
-from autoresearch.study import Study
+from autoresearch.rl.record import TrialRecord
+from autoresearch.study.journal import Journal
+from autoresearch.study.runner import run_study
+from autoresearch.study.spec import Study
 from tests.autoresearch.study_helpers import tiny_trial
 
 pytestmark = pytest.mark.timeout(420)

@@ -28,7 +28,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run_notebook(name: str, **parameters: Any) -> Any:
     """Execute notebooks/<name> in a fresh kernel; the executed copy lands in artifacts/."""
-    from autoresearch.notebooks import execute_notebook
+    from autoresearch.ui.notebooks import execute_notebook
 
     out = ARTIFACTS / "notebooks"
     out.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ import httpx
 import nbformat
 import pytest
 
-from autoresearch.notebooks import inject_parameters
+from autoresearch.ui.notebooks import inject_parameters
 from tests.notebooks.conftest import ARTIFACTS, NOTEBOOKS
 
 CHROMIUM = os.environ.get("AUTORESEARCH_CHROMIUM", "/usr/bin/chromium")
@@ -54,7 +54,7 @@ def _settings(root: Path) -> dict[str, str]:
 @pytest.fixture
 def jupyterlab(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
     pytest.importorskip("jupyterlab")
-    from server.runtime import free_port
+    from server.entrypoints.runtime import free_port
 
     port, token = free_port(), secrets.token_hex(16)
     notebooks = tmp_path / "lab"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import nbformat
 
-from autoresearch.notebooks import TEMPLATE, inject_parameters, main, strip_outputs, unclean
+from autoresearch.ui.notebooks import TEMPLATE, inject_parameters, main, strip_outputs, unclean
 from tests.notebooks.conftest import NOTEBOOKS
 
 

@@ -10,7 +10,7 @@ import duckdb
 import nbformat
 import pytest
 
-from autoresearch.notebooks import has_outputs, is_report
+from autoresearch.ui.notebooks import has_outputs, is_report
 from tests.notebooks.conftest import outputs, run_notebook, widget_states
 
 pytestmark = pytest.mark.timeout(600)

@@ -10,18 +10,19 @@ from typing import Any
 
 import pytest
 
-from autoresearch.control import (
+from autoresearch.evaluation.stats import wilson
+from autoresearch.rl.trial import TrialResult
+from autoresearch.study.control import (
     ControlledExecutor,
     ControlledProposer,
     StudyControl,
     TrialStopped,
 )
-from autoresearch.executors import TrialJob
-from autoresearch.live import LiveStudy, leaderboard, parse_metrics, read_snapshot
-from autoresearch.proposers import Proposal, ProposalBatch
-from autoresearch.stats import wilson
-from autoresearch.study import Study
-from autoresearch.trial import TrialResult
+from autoresearch.study.executors.base import TrialJob
+from autoresearch.study.proposers import Proposal, ProposalBatch
+from autoresearch.study.spec import Study
+from autoresearch.ui.live import LiveStudy
+from autoresearch.ui.snapshot import leaderboard, parse_metrics, read_snapshot
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -163,7 +164,7 @@ def test_a_stopped_study_gets_no_more_proposals(tmp_path):
 
 # ------------------------------------------------------------ a live study
 def test_a_live_study_runs_in_the_background_and_the_dashboard_reads_its_journal(tmp_path):
-    from autoresearch.widgets import StudyDashboard
+    from autoresearch.ui.widgets import StudyDashboard
 
     executor = ScriptedExecutor()
     executor.gate.clear()

@@ -83,7 +83,7 @@ def build_tiny_model(directory: Path, corpus: list[str] | None = None,
 
 def start_server(model_dir: Path | None, data_dir: Path, **overrides):
     """An in-process server on a free port; the caller stops it."""
-    from server.runtime import ServerConfig, ServerThread
+    from server.entrypoints.runtime import ServerConfig, ServerThread
 
     overrides.setdefault("api_keys", "")  # open: ignore AUTORESEARCH_API_KEYS from the shell
     config = ServerConfig(model=None if model_dir is None else str(model_dir), port=0,
@@ -95,7 +95,7 @@ class SubprocessServer:
     """`python -m server` in its own process, as an operator would run it."""
 
     def __init__(self, model_dir: Path, data_dir: Path, log_path: Path):
-        from server.runtime import free_port
+        from server.entrypoints.runtime import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -149,7 +149,7 @@ def rl_datum(prompt: list[int], completion: list[int], sampled_lps: list[float],
              advantage: float) -> types.Datum:
     """A policy-gradient datum with one advantage on every completion token (the trial loop's
     own datum builder, so tests train on exactly what trials send)."""
-    from autoresearch.trial import rl_datum as trial_rl_datum
+    from autoresearch.rl.trial import rl_datum as trial_rl_datum
 
     return trial_rl_datum(prompt, completion, list(sampled_lps),
                           np.full(len(completion), advantage))

@@ -92,14 +92,14 @@ def test_unknown_and_missing_api_keys_are_rejected_with_401(keyed_server, base_m
      ("0.0.0.0", False), ("::", False), ("192.168.1.5", False), ("example.com", False)],
 )
 def test_is_loopback(host, loopback):
-    from server.runtime import is_loopback
+    from server.entrypoints.runtime import is_loopback
 
     assert is_loopback(host) is loopback
 
 
 def test_open_server_refuses_to_listen_beyond_loopback(tmp_path):
     """Checked before the model loads: the model path here does not even exist."""
-    from server.runtime import ServerConfig, build_service
+    from server.entrypoints.runtime import ServerConfig, build_service
 
     config = ServerConfig(model=str(tmp_path / "no-such-model"), host="0.0.0.0", api_keys="",
                           data_dir=tmp_path / "data")

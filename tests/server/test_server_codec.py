@@ -11,7 +11,7 @@ import zstandard
 from tinker import types
 from tinker.proto import request_conv, response_conv
 
-from server.codec import (
+from server.protocol.codec import (
     SampledSequence,
     SampleResult,
     WireError,
@@ -124,12 +124,12 @@ def test_sdk_zstd_compressed_training_matches_uncompressed(
 ):
     """With `proto_compress_fwdbwd` in the client config the SDK zstd-compresses every
     forward_backward body; the server must train exactly as on plain bodies."""
-    import server.app
+    import server.api.app
 
     data = [sft_datum(ids) for ids in sequences[:2]]
 
     def train(compress: bool) -> tuple[float, list[np.ndarray]]:
-        monkeypatch.setitem(server.app.CLIENT_CONFIG, "proto_compress_fwdbwd", compress)
+        monkeypatch.setitem(server.api.app.CLIENT_CONFIG, "proto_compress_fwdbwd", compress)
         with tinker.ServiceClient(base_url=tiny_server.url, api_key=API_KEY) as service:
             client = new_run(service, base_model, seed=50)
             assert client.holder._client_config.proto_compress_fwdbwd is compress

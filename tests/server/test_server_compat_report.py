@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import tinker
 
-from server import compat_probes, compat_report
-from server.compat_report import Status
 from tests.server.server_helpers import API_KEY
+from tools import compat_probes, compat_report
+from tools.compat_report import Status
 
 SUPPORTED_FLOOR = 80
 """Measured on SDK 0.38.0: 83 of 107 methods are supported (24 unsupported by design)."""

@@ -52,7 +52,7 @@ OTHER_KEY = "tml-someone-else"
 
 
 def _free_port() -> int:
-    from server.runtime import free_port
+    from server.entrypoints.runtime import free_port
 
     return free_port()
 

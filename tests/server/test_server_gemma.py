@@ -23,7 +23,7 @@ def gemma_server(tmp_path_factory) -> Iterator:
 
 
 def test_gemma_sft_step_sample_and_checkpoint_round_trip(gemma_server):
-    from server.model_loading import EMBEDDED_MODEL_NAME
+    from server.engine.model_loading import EMBEDDED_MODEL_NAME
 
     with tinker.ServiceClient(base_url=gemma_server.url, api_key=API_KEY) as service:
         capabilities = service.get_server_capabilities()

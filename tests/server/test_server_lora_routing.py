@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from server.lora import AdapterWeights, LoraSpec, MultiLoRALinear, RowGroup, routing
+from server.engine.lora import AdapterWeights, LoraSpec, MultiLoRALinear, RowGroup, routing
 
 NAME = "layer"
 
@@ -98,10 +98,10 @@ def test_the_output_head_in_checkpointed_chunks_gives_the_same_loss_and_gradient
     backward; losses, logprobs and every adapter gradient equal one pass over all positions."""
     import numpy as np
 
-    import server.engine as engine_module
-    from server.codec import Datum
-    from server.engine import Engine, ForwardBackwardJob
-    from server.model_loading import load_base_model
+    import server.engine.engine as engine_module
+    from server.engine.engine import Engine, ForwardBackwardJob
+    from server.engine.model_loading import load_base_model
+    from server.protocol.codec import Datum
 
     engine = Engine(load_base_model(str(tiny_model_dir), device="cpu"))
     rng = np.random.default_rng(0)

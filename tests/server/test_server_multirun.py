@@ -22,8 +22,8 @@ import tinker
 from prometheus_client.parser import text_string_to_metric_families
 from tinker import types
 
-from server.scheduler import Work
-from server.service import Limits
+from server.scheduling.scheduler import Work
+from server.service.service import Limits
 from tests.server.server_helpers import (
     API_KEY,
     EngineProbe,

@@ -24,17 +24,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from server.checkpoints import adapter_tensors
-from server.codec import SampleResult
-from server.engine import DEFAULT_MAX_TOKENS, Engine, SampleJob, SamplingParams
-from server.lora import AdapterWeights, LoraSpec, RowGroup, routing
-from server.model_loading import load_base_model
+from server.engine.engine import DEFAULT_MAX_TOKENS, Engine, SampleJob, SamplingParams
+from server.engine.lora import AdapterWeights, LoraSpec, RowGroup, routing
+from server.engine.model_loading import load_base_model
+from server.protocol.codec import SampleResult
 from server.samplers import SampleBatchError, VLLMSampler, make_sampler
 from server.samplers.adapters import AdapterPublisher
 from server.samplers.completions import completion_body, stop_fields
 from server.samplers.openai_http import OpenAICompatClient, VLLMError, VLLMUnavailable
 from server.samplers.semantics import REQUIRED_FLAG, SemanticsError
 from server.samplers.vllm_process import serve_command
+from server.storage.checkpoints import adapter_tensors
 
 BASE = "google/gemma-3-270m"
 VOCAB = 32
@@ -559,7 +559,7 @@ def test_adapters_training_lm_head_are_sampled_by_the_fallback(
 def test_make_sampler_falls_back_to_torch_without_a_usable_vllm(
     tiny_engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ):
-    from server.runtime import free_port
+    from server.entrypoints.runtime import free_port
 
     with caplog.at_level(logging.WARNING):
         assert make_sampler("vllm", engine=tiny_engine) is tiny_engine

@@ -1,0 +1,6 @@
+"""Evaluation: greedy accuracy of a sampler on a task split, and the statistics of accuracies
+(Wilson intervals, paired differences).
+
+The bottom layer of `autoresearch`: may import `rewards` and `sqltasks`, nothing of its own
+package.
+"""

@@ -1,0 +1,132 @@
+"""Held-out evaluation: greedy decoding on a split, scored by execution match.
+
+Reports execution accuracy with a 95% Wilson interval, accuracy per difficulty tier, parse and
+execution rates, and the mean reward with its components. The per-task verdicts are kept so two
+evaluations on the same tasks can be compared with a paired interval.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import tinker
+from tinker import types
+
+from autoresearch.evaluation.stats import Estimate, wilson
+from rewards import RewardConfig, RewardPool, ScoreResult, Task
+from sqltasks import STOP_SEQUENCES, render_prompt
+
+
+@dataclass
+class EvalResult:
+    split: str
+    accuracy: Estimate
+    per_tier: dict[str, Estimate]
+    parse_rate: float
+    execute_rate: float
+    mean_reward: float
+    components: dict[str, float]
+    verdicts: dict[str, bool] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "split": self.split,
+            "accuracy": self.accuracy.as_dict(),
+            "per_tier": {tier: est.as_dict() for tier, est in self.per_tier.items()},
+            "parse_rate": self.parse_rate,
+            "execute_rate": self.execute_rate,
+            "mean_reward": self.mean_reward,
+            "components": self.components,
+            "verdicts": self.verdicts,
+            "samples": self.samples,
+        }
+
+
+def prompt_tokens(tokenizer: Any, task: Task, style: str) -> list[int]:
+    return list(tokenizer.encode(render_prompt(task, style)))
+
+
+def sample_completions(
+    sampler: tinker.SamplingClient,
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    style: str,
+    max_tokens: int,
+    num_samples: int = 1,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> list[list[Any]]:
+    """Submit every prompt at once (the server batches them), then collect in order."""
+    params = types.SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, seed=seed, stop=list(STOP_SEQUENCES[style])
+    )
+    futures = [
+        sampler.sample(
+            types.ModelInput.from_ints(prompt_tokens(tokenizer, task, style)),
+            num_samples=num_samples,
+            sampling_params=params,
+        )
+        for task in tasks
+    ]
+    return [list(f.result().sequences) for f in futures]
+
+
+def summarise(
+    split: str,
+    tasks: Sequence[Task],
+    results: Sequence[ScoreResult],
+    completions: Sequence[str] = (),
+    keep_samples: int = 8,
+) -> EvalResult:
+    correct = [r.correct for r in results]
+    by_tier: dict[str, list[bool]] = defaultdict(list)
+    for task, ok in zip(tasks, correct):
+        by_tier[task.tier or "all"].append(ok)
+    n = max(1, len(results))
+    components: dict[str, float] = defaultdict(float)
+    for r in results:
+        for name, value in r.components.as_dict().items():
+            components[name] += value / n
+    samples = [
+        {
+            "task": t.id,
+            "question": t.question,
+            "completion": c,
+            "sql": r.sql,
+            "correct": r.correct,
+            "outcome": r.outcome,
+        }
+        for t, r, c in list(zip(tasks, results, completions))[:keep_samples]
+    ]
+    return EvalResult(
+        split=split,
+        accuracy=wilson(sum(correct), len(correct)),
+        per_tier={tier: wilson(sum(v), len(v)) for tier, v in sorted(by_tier.items())},
+        parse_rate=sum(r.components.parses > 0 for r in results) / n,
+        execute_rate=sum(r.components.executes > 0 for r in results) / n,
+        mean_reward=sum(r.total for r in results) / n,
+        components=dict(components),
+        verdicts={t.id: ok for t, ok in zip(tasks, correct)},
+        samples=samples,
+    )
+
+
+def evaluate(
+    sampler: tinker.SamplingClient,
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    split: str,
+    pool: RewardPool,
+    reward: RewardConfig,
+    style: str = "base",
+    max_tokens: int = 96,
+) -> EvalResult:
+    """Greedy decoding on `tasks`, scored in the sandbox."""
+    sequences = sample_completions(sampler, tokenizer, tasks, style, max_tokens)
+    completions = [tokenizer.decode(seqs[0].tokens) for seqs in sequences]
+    results = pool.score_many(list(zip(completions, tasks)), reward)
+    return summarise(split, tasks, results, completions)

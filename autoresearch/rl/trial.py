@@ -1,0 +1,487 @@
+"""One trial: SFT warm-up, then GRPO, then a held-out score, against any Tinker-compatible server.
+
+Data flow of an RL step:
+    tasks -> prompts -> sampler snapshot -> groups of completions -> SQL -> rewards (sandbox)
+    -> group advantages -> datums -> forward_backward + optim_step (submitted back to back)
+
+Scoring starts as soon as a group's samples arrive, while the server still samples the other
+groups, so the reward sandbox never holds the server up. Every random choice (which tasks, which
+sampling seed) is a function of the trial seed and the step index, so a trial resumed from a
+checkpoint redoes the lost steps exactly as they would have run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tinker
+from tinker import types
+
+from autoresearch.evaluation.evaluate import EvalResult, evaluate, prompt_tokens
+from autoresearch.rl.advantages import group_advantages, is_constant, kl_estimates, token_advantages
+from autoresearch.rl.config import AdamConfig, TrialConfig
+from autoresearch.rl.record import TrialRecord
+from rewards import RewardPool, ScoreResult, Task
+from sqltasks import STOP_SEQUENCES, load_corpus
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[dict[str, Any]], None]
+RETRYABLE = (tinker.APIConnectionError, tinker.APITimeoutError, tinker.InternalServerError)
+_TOKENIZER_LOCK = threading.Lock()
+"""transformers' lazy imports are not thread-safe: trials in parallel threads load one at a time."""
+
+
+class TrialFailed(RuntimeError):
+    """The trial could not finish (after retrying what was safe to retry)."""
+
+
+@dataclass
+class TrialResult:
+    directory: Path
+    dev: dict[str, Any] | None
+    test: dict[str, Any] | None
+    steps: int
+    tokens: int
+    wall_seconds: float
+    checkpoint: str | None
+
+
+def _adam(config: AdamConfig) -> types.AdamParams:
+    return types.AdamParams(**config.model_dump())
+
+
+def _stable_seed(*parts: object) -> int:
+    """A seed that depends only on its parts (not on Python's per-process hash salt)."""
+    digest = hashlib.sha256(repr(parts).encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def _rng(*parts: object) -> random.Random:
+    return random.Random(_stable_seed(*parts))
+
+
+def gold_completion(task: Task, style: str) -> str:
+    """What the model should write after the prompt: the gold query, closed as a model would."""
+    sql = task.gold_sql.strip()
+    if style == "base":  # the base prompt already opened a ```sql fence
+        return f"{sql}\n```"
+    return f"```sql\n{sql}\n```<end_of_turn>"
+
+
+def supervised_datum(prompt: list[int], completion: list[int]) -> types.Datum:
+    """Cross-entropy datum that trains on the completion only."""
+    tokens = prompt + completion
+    weights = [0.0] * (len(prompt) - 1) + [1.0] * len(completion)
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights},
+    )
+
+
+def rl_datum(
+    prompt: list[int], completion: list[int], logprobs: list[float], advantages: np.ndarray
+) -> types.Datum:
+    """Policy-gradient datum: zero advantage on the prompt, per-token ones on the completion."""
+    tokens = prompt + completion
+    pad = len(prompt) - 1
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={
+            "target_tokens": tokens[1:],
+            "logprobs": [0.0] * pad + [float(x) for x in logprobs],
+            "advantages": [0.0] * pad + [float(x) for x in advantages],
+        },
+    )
+
+
+class Trial:
+    """Runs (or resumes) one trial into `directory`; `run()` returns its result."""
+
+    def __init__(
+        self,
+        config: TrialConfig,
+        directory: str | Path,
+        server_url: str,
+        api_key: str | None = None,
+        progress: Progress | None = None,
+        pool: RewardPool | None = None,
+        max_retries: int = 3,
+    ):
+        self.config = config
+        self.record = TrialRecord(directory)
+        self.server_url = server_url
+        self.api_key = api_key
+        self.progress = progress or (lambda _: None)
+        self._pool = pool
+        self._own_pool = pool is None
+        self.max_retries = max_retries
+        self._tokenizer: Any = None
+
+    # ------------------------------------------------------------ setup
+    def _tasks(self) -> tuple[list[Task], list[Task], list[Task]]:
+        c = self.config
+        train = load_corpus("train", c.corpus_seed)
+        dev_all = load_corpus("dev", c.corpus_seed)
+        test_all = load_corpus("test", c.corpus_seed)
+        # Fixed subsets (a function of the corpus seed only): every trial is scored on the same
+        # tasks, so trials can be compared pairwise.
+        dev = _rng(c.corpus_seed, "dev").sample(dev_all, k=min(c.eval.dev_tasks, len(dev_all)))
+        test = _rng(c.corpus_seed, "test").sample(test_all, k=min(c.eval.test_tasks, len(test_all)))
+        return train, dev, test
+
+    def _tokenizer_for(self, training: tinker.TrainingClient) -> Any:
+        if self._tokenizer is None:
+            with _TOKENIZER_LOCK:
+                if self.config.tokenizer:
+                    from transformers import AutoTokenizer
+
+                    self._tokenizer = AutoTokenizer.from_pretrained(self.config.tokenizer)
+                else:
+                    self._tokenizer = training.get_tokenizer()
+        return self._tokenizer
+
+    # -------------------------------------------------------------- run
+    def run(self) -> TrialResult:
+        self.record.write_config(self.config.to_yaml())
+        finished = self.record.final()
+        if finished is not None:
+            return self._result(finished)
+        pool = self._pool or RewardPool(config=self.config.reward)
+        self._pool = pool
+        try:
+            attempts = 0
+            while True:
+                try:
+                    return self._run_once()
+                except RETRYABLE as exc:
+                    attempts += 1
+                    self.record.append(
+                        "event",
+                        message=f"server error: {exc}; resuming from the last checkpoint",
+                        attempt=attempts,
+                    )
+                    if attempts > self.max_retries:
+                        raise TrialFailed(f"server kept failing: {exc}") from exc
+                    time.sleep(min(30, 2**attempts))
+        finally:
+            if self._own_pool:
+                pool.close()
+
+    def _run_once(self) -> TrialResult:
+        c = self.config
+        started = time.time()
+        service = tinker.ServiceClient(base_url=self.server_url, api_key=self.api_key)
+        resume = self.record.resume_point()
+        lost = self.record.rewind_to(resume)
+        if resume is not None:
+            training = service.create_training_client_from_state_with_optimizer(
+                resume.path
+            ).result()
+            self.record.append(
+                "event",
+                message=f"resumed from {resume.path}",
+                phase=resume.phase,
+                step=resume.step,
+                lost_steps=lost,
+            )
+        elif c.init_checkpoint:
+            training = self._from_init_checkpoint(service)
+        else:
+            training = service.create_lora_training_client(
+                base_model=c.base_model, rank=c.lora_rank, seed=c.seed
+            ).result()
+        tokenizer = self._tokenizer_for(training)
+        train, dev, test = self._tasks()
+        tokens = resume.tokens if resume else 0
+        if resume is None and c.eval.baseline:
+            base = service.create_sampling_client(base_model=c.base_model).result()
+            self._eval(base, tokenizer, test, "test", stage="base")
+        if resume is None and c.eval.start:
+            start = training.save_weights_and_get_sampling_client().result()
+            self._eval(start, tokenizer, dev, "dev", stage="start", step=0)
+        sft_start = 0 if resume is None else (resume.step if resume.phase == "sft" else c.sft.steps)
+        for step in range(sft_start, c.sft.steps):
+            tokens += self._sft_step(training, tokenizer, train, step)
+            self._maybe_checkpoint(training, "sft", step + 1, c.sft.steps, tokens)
+        if c.sft.steps and c.eval.baseline and (resume is None or resume.phase == "sft"):
+            sampler = training.save_weights_and_get_sampling_client().result()
+            self._eval(sampler, tokenizer, test, "test", stage="sft")
+        rl_start = resume.step if resume is not None and resume.phase == "rl" else 0
+        reference = None
+        if c.rl.kl_coef > 0:
+            reference = service.create_sampling_client(base_model=c.base_model).result()
+        for step in range(rl_start, c.rl.steps):
+            if c.rl.max_train_tokens is not None and tokens >= c.rl.max_train_tokens:
+                self.record.append(
+                    "event", message="token budget reached", step=step, tokens=tokens
+                )
+                break
+            tokens += self._rl_step(training, tokenizer, train, step, reference)
+            self._maybe_checkpoint(training, "rl", step + 1, c.rl.steps, tokens)
+            if c.eval.every and (step + 1) % c.eval.every == 0 and step + 1 < c.rl.steps:
+                sampler = training.save_weights_and_get_sampling_client().result()
+                subset = dev[: c.eval.every_tasks] if c.eval.every_tasks else dev
+                self._eval(sampler, tokenizer, subset, "dev", stage=f"rl-{step + 1}",
+                           step=step + 1)
+        sampler = training.save_weights_and_get_sampling_client().result()
+        final_dev = self._eval(sampler, tokenizer, dev, "dev", stage="final", step=c.rl.steps)
+        final_test = self._eval(sampler, tokenizer, test, "test", stage="final") if test else None
+        checkpoint = training.save_state("final").result().path
+        entries = self.record.entries()
+        first = entries[0]["time"] if entries else started
+        elapsed = time.time() - min(first, started)  # wall time since the trial first started
+        entry = self.record.append(
+            "final",
+            dev=final_dev.summary(),
+            test=final_test.summary() if final_test else None,
+            steps=c.sft.steps + c.rl.steps,
+            tokens=tokens,
+            wall_seconds=round(elapsed, 3),
+            checkpoint=checkpoint,
+            model_id=training.model_id,
+        )
+        self.progress({"phase": "done", "dev_accuracy": final_dev.accuracy.value})
+        return self._result(entry)
+
+    def _from_init_checkpoint(self, service: tinker.ServiceClient) -> tinker.TrainingClient:
+        """A new run holding the shared starting weights; refuses a checkpoint that would make
+        the config lie about the model it trains."""
+        c = self.config
+        assert c.init_checkpoint is not None
+        rest = tinker.RestClient(base_url=self.server_url, api_key=self.api_key)
+        found = rest.get_weights_info_by_tinker_path(c.init_checkpoint).result()
+        if found.base_model != c.base_model or found.lora_rank != c.lora_rank:
+            raise ValueError(
+                f"init_checkpoint {c.init_checkpoint} holds a rank-{found.lora_rank} adapter of "
+                f"{found.base_model}; the trial declares rank {c.lora_rank} of {c.base_model}"
+            )
+        training = service.create_training_client_from_state(c.init_checkpoint).result()
+        self.record.append("event", message=f"started from {c.init_checkpoint}")
+        return training
+
+    def _result(self, entry: dict[str, Any]) -> TrialResult:
+        return TrialResult(
+            self.record.dir,
+            entry.get("dev"),
+            entry.get("test"),
+            entry["steps"],
+            entry["tokens"],
+            entry["wall_seconds"],
+            entry.get("checkpoint"),
+        )
+
+    # ------------------------------------------------------------ steps
+    def _maybe_checkpoint(
+        self, training: tinker.TrainingClient, phase: str, done: int, total: int, tokens: int
+    ) -> None:
+        if done % self.config.checkpoint_every and done != total:
+            return
+        path = training.save_state(f"{phase}-{done}").result().path
+        self.record.append("checkpoint", phase=phase, step=done, path=path, tokens=tokens)
+
+    def _sft_step(
+        self, training: tinker.TrainingClient, tokenizer: Any, train: list[Task], step: int
+    ) -> int:
+        c = self.config
+        started = time.time()
+        pool = train[: c.sft.examples]
+        batch = _rng(c.seed, "sft", step).sample(pool, k=min(c.sft.batch_size, len(pool)))
+        datums, n_tokens = [], 0
+        for task in batch:
+            prompt = prompt_tokens(tokenizer, task, c.prompt_style)
+            completion = list(
+                tokenizer.encode(gold_completion(task, c.prompt_style), add_special_tokens=False)
+            )
+            datums.append(supervised_datum(prompt, completion))
+            n_tokens += len(completion)
+        fb = training.forward_backward(datums, "cross_entropy")
+        opt = training.optim_step(_adam(c.sft.adam))
+        out = fb.result()
+        opt.result()
+        loss = out.metrics["loss:sum"] / max(1, n_tokens)
+        used = sum(d.model_input.length for d in datums)
+        entry = self.record.append(
+            "step",
+            phase="sft",
+            step=step,
+            loss_per_token=loss,
+            tokens=used,
+            seconds=round(time.time() - started, 3),
+        )
+        self.progress(entry)
+        return used
+
+    def _rl_step(
+        self,
+        training: tinker.TrainingClient,
+        tokenizer: Any,
+        train: list[Task],
+        step: int,
+        reference: tinker.SamplingClient | None,
+    ) -> int:
+        c, rl = self.config, self.config.rl
+        timings: dict[str, float] = {}
+        t0 = time.time()
+        sampler = training.save_weights_and_get_sampling_client().result()
+        tasks = _rng(c.seed, "rl", step).sample(train, k=min(rl.prompts_per_step, len(train)))
+        prompts = [prompt_tokens(tokenizer, task, c.prompt_style) for task in tasks]
+        stop = list(STOP_SEQUENCES[c.prompt_style])
+        sample_futures = [
+            sampler.sample(
+                types.ModelInput.from_ints(prompt),
+                num_samples=rl.group_size,
+                sampling_params=types.SamplingParams(
+                    max_tokens=rl.max_tokens,
+                    temperature=rl.temperature,
+                    top_p=rl.top_p,
+                    stop=stop,
+                    seed=_stable_seed(c.seed, step, i),
+                ),
+            )
+            for i, prompt in enumerate(prompts)
+        ]
+        # Score each group as soon as it arrives, while the server samples the rest.
+        groups: list[list[Any]] = []
+        score_futures: list[list[Future]] = []
+        for task, future in zip(tasks, sample_futures):
+            sequences = list(future.result().sequences)
+            groups.append(sequences)
+            texts = [tokenizer.decode(seq.tokens) for seq in sequences]
+            score_futures.append([self._pool.submit(text, task, c.reward) for text in texts])
+        timings["sample_s"] = time.time() - t0
+        t1 = time.time()
+        scores: list[list[ScoreResult]] = [[f.result() for f in fs] for fs in score_futures]
+        timings["score_wait_s"] = time.time() - t1
+        datums, sampled_lps, used_groups, dropped = [], [], 0, 0
+        for prompt, sequences, results in zip(prompts, groups, scores):
+            rewards = [r.total for r in results]
+            if rl.drop_constant_groups and is_constant(rewards):
+                dropped += 1
+                continue
+            used_groups += 1
+            advantages = group_advantages(rewards, rl.advantage)
+            for seq, adv in zip(sequences, advantages):
+                if not seq.tokens:
+                    continue
+                ref_lp = None
+                if reference is not None:
+                    full = types.ModelInput.from_ints(prompt + list(seq.tokens))
+                    lps = reference.compute_logprobs(full).result()
+                    ref_lp = [float(x) for x in lps[len(prompt) :]]
+                per_token = token_advantages(float(adv), seq.logprobs, ref_lp, rl.kl_coef)
+                datums.append(rl_datum(prompt, list(seq.tokens), list(seq.logprobs), per_token))
+                sampled_lps.append(list(seq.logprobs))
+        t2 = time.time()
+        metrics: dict[str, Any] = {}
+        if datums:
+            fb = training.forward_backward(datums, rl.loss_fn, rl.loss_fn_config())
+            opt = training.optim_step(_adam(rl.adam))  # submitted back to back with the batch
+            out = fb.result()
+            opt_out = opt.result()
+            train_lps, sample_lps = [], []
+            for sampled, output in zip(sampled_lps, out.loss_fn_outputs):
+                lp = output["logprobs"].to_numpy()
+                train_lps.extend(lp[len(lp) - len(sampled) :].tolist())
+                sample_lps.extend(sampled)
+            kl = kl_estimates(sample_lps, train_lps)
+            metrics.update(
+                loss=out.metrics.get("loss:sum"),
+                kl_sample_train_k1=kl["k1"],
+                kl_sample_train_k3=kl["k3"],
+                grad_norm=(opt_out.metrics or {}).get("grad_norm:mean"),
+            )
+        timings["train_s"] = time.time() - t2
+        flat = [r for results in scores for r in results]
+        all_lps = [lp for seqs in groups for seq in seqs for lp in seq.logprobs]
+        components: dict[str, float] = {}
+        for r in flat:
+            for name, value in r.components.as_dict().items():
+                components[name] = components.get(name, 0.0) + value / len(flat)
+        used_tokens = sum(
+            len(p) * len(g) + sum(len(s.tokens) for s in g) for p, g in zip(prompts, groups)
+        )
+        entry = self.record.append(
+            "step",
+            phase="rl",
+            step=step,
+            reward_mean=float(np.mean([r.total for r in flat])),
+            reward_std=float(np.std([r.total for r in flat])),
+            accuracy=float(np.mean([r.correct for r in flat])),
+            components=components,
+            entropy=float(-np.mean(all_lps)) if all_lps else 0.0,
+            groups_used=used_groups,
+            groups_dropped=dropped,
+            completion_tokens=sum(len(s.tokens) for g in groups for s in g),
+            tokens=used_tokens,
+            seconds={k: round(v, 3) for k, v in timings.items()},
+            **metrics,
+        )
+        if not datums:
+            self.record.append(
+                "event",
+                message="no learning signal this step (all groups constant); no update",
+                step=step,
+            )
+        self.progress(entry)
+        return used_tokens
+
+    def _eval(
+        self,
+        sampler: tinker.SamplingClient,
+        tokenizer: Any,
+        tasks: list[Task],
+        split: str,
+        stage: str,
+        step: int | None = None,
+    ) -> EvalResult:
+        """`step`: RL steps done when the weights were evaluated (what pruning compares at)."""
+        started = time.time()
+        result = evaluate(
+            sampler,
+            tokenizer,
+            tasks,
+            split,
+            self._pool,
+            self.config.reward,
+            self.config.prompt_style,
+            self.config.eval.max_tokens,
+        )
+        entry = self.record.append(
+            "eval", stage=stage, step=step, seconds=round(time.time() - started, 3),
+            **result.summary()
+        )
+        self.progress(
+            {
+                "phase": "eval",
+                "stage": stage,
+                "split": split,
+                "step": step,
+                "n": result.accuracy.n,
+                "accuracy": result.accuracy.value,
+                **{"type": entry["type"]},
+            }
+        )
+        return result
+
+
+def run_trial(
+    config: TrialConfig,
+    directory: str | Path,
+    server_url: str,
+    api_key: str | None = None,
+    progress: Progress | None = None,
+    pool: RewardPool | None = None,
+) -> TrialResult:
+    """Run (or resume) a trial; the Python entry point notebooks use."""
+    return Trial(config, directory, server_url, api_key, progress, pool).run()

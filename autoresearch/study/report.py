@@ -1,0 +1,311 @@
+"""The study report: what was tried, what was kept and why, and how much the best config helps.
+
+Built from the journal alone (so `autoresearch report` works on a copied journal file), as a
+list of blocks rendered to Markdown here (HTML: `autoresearch.ui.report`). The
+leaderboard and every decision use the dev split; the test split appears once, in the final
+comparison of the best config with the baseline, as the keep rule requires.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from autoresearch.evaluation.stats import Estimate, paired_difference
+from autoresearch.rl.config import TrialConfig
+from autoresearch.study.decisions import RULE, paired_items
+from autoresearch.study.journal import Journal
+from autoresearch.study.space import config_diff
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+@dataclass
+class Block:
+    kind: Literal["h1", "h2", "p", "table", "code", "curves", "list"]
+    text: str = ""
+    headers: list[str] | None = None
+    rows: list[list[str]] | None = None
+    items: list[str] | None = None
+    series: list[tuple[str, list[float]]] | None = None
+
+
+def _acc(row: dict[str, Any] | None, split: str = "dev") -> str:
+    if not row or row.get(f"{split}_accuracy") is None:
+        return "-"
+    return (f"{row[f'{split}_accuracy']:.3f} [{row[f'{split}_low']:.3f}, "
+            f"{row[f'{split}_high']:.3f}]")
+
+
+def _diff(est: Estimate | None) -> str:
+    if est is None or est.n == 0:
+        return "-"
+    return f"{est.value:+.3f} [{est.low:+.3f}, {est.high:+.3f}]"
+
+
+def _paired(a: dict[str, Any] | None, b: dict[str, Any] | None, split: str) -> Estimate | None:
+    if not a or not b or not a.get(split) or not b.get(split):
+        return None
+    x, y = paired_items(a[split]["verdicts"], b[split]["verdicts"])
+    return paired_difference(x, y) if x else None
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return json.dumps(value) if isinstance(value, dict | list) else str(value)
+
+
+def _changes(row: dict[str, Any]) -> str:
+    changes = row.get("changes") or {}
+    return ", ".join(f"{k}={_fmt(v)}" for k, v in changes.items()) or "(base config)"
+
+
+def build(journal: Journal) -> list[Block]:
+    study = journal.study()
+    spec = study["spec"]
+    trials = journal.trials()
+    explored = [t for t in trials if t["role"] in ("baseline", "explore")]
+    confirms = [t for t in trials if t["role"] == "confirm"]
+    baseline = next((t for t in trials if t["role"] == "baseline"), None)
+    best = next((t for t in trials if t["id"] == study["best_trial"]), None)
+    blocks = [Block("h1", f"Study {study['name']}")]
+
+    budget = spec["budget"]
+    counts: dict[str, int] = {}
+    for t in trials:
+        counts[t["status"]] = counts.get(t["status"], 0) + 1
+    blocks.append(Block("p", (
+        f"Goal: maximise {spec['goal'].replace('_', ' ')}. Proposer: {spec['proposer']['kind']}; "
+        f"executor: {spec['executor']['kind']} with {spec['executor']['max_parallel_trials']} "
+        f"trial(s) in parallel; state: {study['state']}. "
+        f"Trials: {len(explored)} of {budget['max_trials']} explored, {len(confirms)} of "
+        f"{budget['max_confirm_trials']} confirmation re-runs ("
+        + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + "). "
+        f"Cost: {sum(t['steps'] or 0 for t in trials)} steps, "
+        f"{sum(t['tokens'] or 0 for t in trials)} tokens, "
+        f"{sum(t['wall_seconds'] or 0 for t in trials):.0f} trial-seconds.")))
+
+    blocks += _warmup_blocks(journal, trials)
+
+    blocks.append(Block("h2", "Result"))
+    if best is None:
+        blocks.append(Block("p", "No trial finished: there is no best config yet."))
+    else:
+        dev_gain = _paired(best, baseline, "dev")
+        test_gain = _paired(best, baseline, "test")
+        same = baseline is not None and best["id"] == baseline["id"]
+        headline = ("No proposed change beat the baseline beyond noise: the base config stays "
+                    "the best." if same else
+                    f"Best config: {best['id']} ({_changes(best)}).")
+        blocks.append(Block("p", headline))
+        rows = [["dev", _acc(baseline), _acc(best), "-" if same else _diff(dev_gain)],
+                ["test", _acc(baseline, "test"), _acc(best, "test"),
+                 "-" if same else _diff(test_gain)]]
+        blocks.append(Block("table", headers=[
+            "split", f"baseline {baseline['id'] if baseline else ''}", f"best {best['id']}",
+            "best - baseline (paired, 95% CI)"], rows=rows))
+        if not same and test_gain is not None:
+            verdict = ("improves" if test_gain.low > 0 else "hurts" if test_gain.high < 0
+                       else "does not measurably change")
+            blocks.append(Block("p", f"On the held-out test split the best config {verdict} "
+                                f"execution accuracy relative to the baseline "
+                                f"({_diff(test_gain)}, n={test_gain.n})."))
+        base_cfg = TrialConfig.model_validate(spec["base_trial"])
+        best_cfg = TrialConfig.model_validate(best["config"])
+        diff = config_diff(best_cfg, base_cfg)
+        blocks.append(Block("h2", "Best config"))
+        if diff:
+            blocks.append(Block("table", headers=["field", "base", "best"], rows=[
+                [path, _fmt(d["from"]), _fmt(d["to"])] for path, d in diff.items()]))
+        blocks.append(Block("code", best_cfg.to_yaml()))
+        if best.get("checkpoint"):
+            blocks.append(Block("p", f"Checkpoint: {best['checkpoint']}"))
+
+    blocks.append(Block("h2", "Leaderboard (dev split)"))
+    ranked = sorted(explored, key=lambda t: (t["dev_accuracy"] is None,
+                                             -(t["dev_accuracy"] or 0), t["number"]))
+    rows = []
+    for rank, t in enumerate(ranked, 1):
+        gain = _paired(t, baseline, "dev") if baseline and t is not baseline else None
+        rows.append([str(rank), t["id"], t["status"], _acc(t), _diff(gain),
+                     str(t["steps"] or "-"), str(t["tokens"] or "-"),
+                     f"{t['wall_seconds']:.0f}" if t["wall_seconds"] else "-", t["proposer"],
+                     _changes(t)])
+    blocks.append(Block("table", headers=["#", "trial", "status", "dev accuracy [95% CI]",
+                                          "vs baseline", "steps", "tokens", "wall s",
+                                          "proposer", "changes"], rows=rows))
+
+    series = []
+    all_steps: dict[str, list[dict[str, Any]]] = {}
+    for s in journal.query("SELECT trial_id, phase, reward_mean, loss FROM steps "
+                           "ORDER BY trial_id, phase = 'rl', step"):
+        all_steps.setdefault(s["trial_id"], []).append(s)
+    for t in trials:
+        steps = all_steps.get(t["id"], [])
+        rl = [s["reward_mean"] for s in steps
+              if s["phase"] == "rl" and s["reward_mean"] is not None]
+        sft = [s["loss"] for s in steps if s["phase"] == "sft" and s["loss"] is not None]
+        if sft:
+            series.append((f"{t['id']} SFT loss", sft))
+        if rl:
+            series.append((f"{t['id']} RL mean reward", rl))
+    if series:
+        blocks.append(Block("h2", "Curves"))
+        blocks.append(Block("curves", series=series))
+    blocks += _dev_curve_blocks(journal, trials)
+    pruned = [e for e in journal.events() if e["kind"] == "pruning"]
+    if pruned:
+        blocks.append(Block("h2", "Pruning"))
+        blocks.append(Block("p", "Trials score a fixed dev subset during training; a candidate "
+                            "stops early only when the pruner ranks it out and it trails the "
+                            "best score at the same step by more than the noise margin. "
+                            "Pruned trials are never kept; their unspent steps stay in the "
+                            "budget."))
+        blocks.append(Block("table", headers=["trial", "step", "why"], rows=[
+            [e["trial_id"], str((e["data"] or {}).get("step", "-")), e["message"]]
+            for e in pruned]))
+
+    decisions = journal.decisions()
+    if decisions:
+        blocks.append(Block("h2", "Decisions"))
+        blocks.append(Block("p", "Keep rule: " + RULE))
+        blocks.append(Block("table", headers=["candidate", "against", "rule", "difference [95% CI]",
+                                              "pairs", "verdict", "note"], rows=[
+            [d["candidate"], d["incumbent"] or "-", d["rule"],
+             _diff(Estimate(d["difference"], d["low"], d["high"], d["n"] or 0))
+             if d["difference"] is not None else "-", str(d["n"] or "-"), d["verdict"],
+             d["note"] or ""] for d in decisions]))
+
+    blocks.append(Block("h2", "What the agent learned"))
+    lessons = []
+    for t in explored:
+        if t["role"] == "baseline":
+            continue
+        d = t.get("decision") or {}
+        hypothesis = (t["rationale"] or "").strip()
+        if t["status"] == "kept":
+            lessons.append(f"Confirmed ({t['id']}, {_changes(t)}; {d.get('value', 0):+.3f} "
+                           f"[{d.get('low', 0):+.3f}, {d.get('high', 0):+.3f}]): {hypothesis}")
+        elif t["status"] == "discarded":
+            lessons.append(f"Not supported ({t['id']}, {_changes(t)}; {d.get('value', 0):+.3f} "
+                           f"[{d.get('low', 0):+.3f}, {d.get('high', 0):+.3f}]): {hypothesis}")
+        elif t["status"] == "crashed":
+            last = (t["error"] or "").strip().splitlines()[-1:] or ["unknown error"]
+            lessons.append(f"Crashed ({t['id']}, {_changes(t)}): {last[0]}")
+        elif t["status"] == "pruned":
+            lessons.append(f"Pruned early ({t['id']}, {_changes(t)}): {t['error'] or ''}")
+        elif t["status"] == "stopped":
+            lessons.append(f"Stopped on request before it finished ({t['id']}, {_changes(t)})")
+    blocks.append(Block("list", items=lessons or ["Nothing yet: no candidate was decided."]))
+    proposals = journal.proposals()
+    outcomes: dict[str, int] = {}
+    for p in proposals:
+        outcomes[p["outcome"]] = outcomes.get(p["outcome"], 0) + 1
+    blocks.append(Block("p", "Proposals: " + ", ".join(
+        f"{n} {o}" for o, n in sorted(outcomes.items())) + "."))
+    return blocks
+
+
+def _warmup_blocks(journal: Journal, trials: list[dict[str, Any]]) -> list[Block]:
+    """The warm-up's effect: dev accuracy of the starting weights and after the warm-up, on
+    the same fixed dev tasks, with the paired difference."""
+    row = next((t for t in trials if t["role"] == "warmup"), None)
+    if row is None:
+        return []
+    from autoresearch.study.warmup import warmup_effect
+
+    blocks = [Block("h2", "Warm-up"), Block("p", row["rationale"] or "")]
+    effect = warmup_effect(journal)
+    if row["status"] != "done":
+        blocks.append(Block("p", f"The warm-up is {row['status']}: {row['error'] or ''}"))
+    if effect is not None:
+        before, after = effect
+        x, y = paired_items(after["verdicts"], before["verdicts"])
+        gain = paired_difference(x, y) if x else None
+        acc = {k: Estimate(**v["accuracy"]) for k, v in (("before", before), ("after", after))}
+        blocks.append(Block("table", headers=["dev split", "accuracy [95% CI]"], rows=[
+            ["base (before the warm-up)", str(acc["before"])],
+            ["after the warm-up", str(acc["after"])],
+            ["after - before (paired, 95% CI)", _diff(gain)]]))
+    if row.get("checkpoint"):
+        blocks.append(Block("p", f"Every trial starts from {row['checkpoint']}."))
+    return blocks
+
+
+def _dev_curve_blocks(journal: Journal, trials: list[dict[str, Any]]) -> list[Block]:
+    """Each trial's dev accuracy along training: the subset scores pruning reads, then the
+    final score on the whole dev set."""
+    rows = journal.query("SELECT trial_id, stage, accuracy, n FROM evals "
+                         "WHERE split = 'dev' ORDER BY time")
+    by_trial: dict[str, list[str]] = {}
+    for r in rows:
+        by_trial.setdefault(r["trial_id"], []).append(
+            f"{r['stage']}: {r['accuracy']:.3f} (n={r['n']})")
+    lines = [[t["id"], t["status"], " -> ".join(by_trial[t["id"]])]
+             for t in trials if t["id"] in by_trial]
+    if not lines:
+        return []
+    return [Block("h2", "Dev accuracy along training"),
+            Block("table", headers=["trial", "status", "dev accuracy by stage"], rows=lines)]
+
+
+# ------------------------------------------------------------ rendering
+def _spark(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    span = hi - lo or 1.0
+    return "".join(SPARKS[min(7, int((v - lo) / span * 7.999))] for v in values)
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(blocks: list[Block]) -> str:
+    out = []
+    for b in blocks:
+        if b.kind == "h1":
+            out.append(f"# {b.text}")
+        elif b.kind == "h2":
+            out.append(f"## {b.text}")
+        elif b.kind == "p":
+            out.append(b.text)
+        elif b.kind == "code":
+            out.append(f"```yaml\n{b.text.rstrip()}\n```")
+        elif b.kind == "list":
+            out.append("\n".join(f"- {item}" for item in b.items or []))
+        elif b.kind == "table":
+            lines = ["| " + " | ".join(b.headers or []) + " |",
+                     "|" + "---|" * len(b.headers or [])]
+            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in b.rows or []]
+            out.append("\n".join(lines))
+        elif b.kind == "curves":
+            out.append("\n".join(f"- `{label}`: {_spark(vals)} ({vals[0]:.3f} -> {vals[-1]:.3f})"
+                                 for label, vals in b.series or []))
+    return "\n\n".join(out) + "\n"
+
+
+def write_report(directory: str | Path, out: str | Path | None = None) -> Path:
+    """Write the study's Markdown report (`report.md` beside the journal, unless `out`)."""
+    journal = Journal(directory, read_only=True)
+    target = Path(out) if out else journal.path.parent / "report.md"
+    target.write_text(to_markdown(build(journal)), encoding="utf-8")
+    return target
+
+
+def status(directory: str | Path) -> str:
+    """A short plain-text view of a study for `autoresearch status`."""
+    journal = Journal(directory, read_only=True)
+    study = journal.study()
+    lines = [f"study {study['name']} ({study['state']}), best: {study['best_trial'] or '-'}"]
+    for t in journal.trials():
+        lines.append(f"  {t['id']} {t['role']:<8} {t['status']:<9} dev {_acc(t):<24} "
+                     f"{_changes(t)[:70]}")
+    spent = journal.query("SELECT count(*) AS n, sum(tokens) AS tokens, (SELECT count(*) FROM "
+                          "steps) AS steps FROM trials")[0]
+    lines.append(f"  {spent['n']} trials, {spent['steps']} steps journaled, "
+                 f"{spent['tokens'] or 0} tokens in finished trials")
+    return "\n".join(lines)
+

@@ -1,0 +1,617 @@
+"""The study loop: propose, dispatch in parallel, record everything, decide with care.
+
+    study -> proposer -> queued trials (journaled, id and directory fixed) -> executor
+          -> results and step metrics (journaled) -> keep rule (dev only) -> best -> report
+
+One thread (the caller's) owns the loop: it asks the proposer for as many trials as there are
+free slots, journals them as `queued`, hands them to worker threads (one per concurrent trial)
+and, whenever one finishes, journals its result and applies the keep rule. Decisions are taken
+in the order trials finish, after the baseline (the declared base config, always the first
+trial); while a contender is being re-run with extra seeds, later decisions wait for it.
+
+Crash safety: the journal is written before anything acts on it. A study killed at any point
+resumes from its journal: queued trials are dispatched, running ones re-attached (Kubernetes) or
+resumed from their last checkpoint (local), finished but undecided ones decided; a trial is
+never started twice because its directory (and Job name) is fixed when it is queued.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autoresearch.rl.config import TrialConfig
+from autoresearch.rl.record import TrialRecord
+from autoresearch.rl.trial import TrialResult
+from autoresearch.study.control import (
+    ControlledExecutor,
+    ControlledProposer,
+    StudyControl,
+    TrialStopped,
+)
+from autoresearch.study.decisions import after_confirmation, first_look
+from autoresearch.study.executors.base import Executor, TrialJob
+from autoresearch.study.executors.local import LocalExecutor
+from autoresearch.study.journal import Journal
+from autoresearch.study.proposers import Context, ProposalBatch, Proposer, make_proposer
+from autoresearch.study.pruning import StudyPruning, TrialPruned, intermediate_step
+from autoresearch.study.space import config_diff, config_key
+from autoresearch.study.spec import Study
+from autoresearch.study.tracing import Tracer
+from autoresearch.study.warmup import WarmupFailed, WarmupStage, remote_checkpoint_exists
+
+log = logging.getLogger(__name__)
+
+FINISHED = ("done", "kept", "discarded", "pruned")
+_IN_PROCESS: dict[Path, threading.Lock] = {}
+_IN_PROCESS_GUARD = threading.Lock()
+
+
+def _run_exclusively(executor: Executor, job: TrialJob, sink: Any) -> TrialResult:
+    """Run a trial holding its directory's lock: a study interrupted in this process may have
+    left the trial running in a thread; a resumed study waits for it, then finds it finished."""
+    with _IN_PROCESS_GUARD:
+        lock = _IN_PROCESS.setdefault(job.directory, threading.Lock())
+    with lock:
+        return executor.run(job, sink)
+ACTIVE = ("queued", "running")
+STEP_FLUSH_SECONDS = 2.0
+
+
+@dataclass
+class StudyOutcome:
+    directory: Path
+    journal: Path
+    best: dict[str, Any] | None
+    baseline: dict[str, Any] | None
+    report: Path | None
+
+
+def _api_key() -> str:
+    return os.environ.get("TINKER_API_KEY") or "tml-local"
+
+
+def _total_steps(row: dict[str, Any]) -> int:
+    """Steps a trial spends: all it planned, or, when pruned, the ones it ran."""
+    config = row["config"]
+    if row["status"] == "pruned" and row.get("steps") is not None:
+        return int(row["steps"])
+    return int(config["sft"]["steps"]) + int(config["rl"]["steps"])
+
+
+class StudyRunner:
+    def __init__(self, study: Study, output_dir: str | Path | None = None,
+                 executor: Executor | None = None, proposer: Proposer | None = None):
+        self.study = study
+        self.dir = Path(output_dir or study.directory())
+        self.space = study.space()
+        self.journal = Journal(self.dir)
+        self.control = StudyControl(self.dir)
+        proposer = proposer or make_proposer(study.proposer, study.seed)
+        if not isinstance(proposer, ControlledProposer):
+            proposer = ControlledProposer(proposer, self.control)
+        self.proposer = proposer
+        self.tracer = Tracer(study.tracing.project)
+        self._propose = self.tracer.op("propose", self._propose_traced)
+        self._trace_trial = self.tracer.op("trial", _trial_summary)
+        self._executor = executor
+        self._buffers: dict[str, list[dict[str, Any]]] = {}
+        self._flushed: dict[str, float] = {}
+        self._buffer_lock = threading.Lock()
+        self._said: set[str] = set()
+        self._exploring = True
+        self._server_data: Path | None = None
+        base = study.trial_base()
+        self.pruning = StudyPruning(study.pruning, base.eval.every_tasks or base.eval.dev_tasks,
+                                    base.rl.steps)
+
+    # ---------------------------------------------------------------- run
+    def run(self) -> StudyOutcome:
+        from autoresearch.study.report import write_report
+
+        self._init_journal()
+        self._replay_pruning()
+        with self._executor_for_study() as executor:
+            if not isinstance(executor, ControlledExecutor):
+                executor = ControlledExecutor(executor, self.control)
+            try:
+                self._warm_up(executor)
+            except WarmupFailed as exc:
+                log.error("%s", exc)
+                self.journal.set_study(state="failed")
+                return self.outcome(write_report(self.dir))
+            self._loop(executor)
+        self.journal.set_study(state="finished")
+        self.journal.event("study", "study finished")
+        report = write_report(self.dir)
+        return self.outcome(report)
+
+    def _warm_up(self, executor: Executor) -> None:
+        """Run (or reuse) the declared warm-up; every trial then starts from its checkpoint."""
+        if self.study.warmup is None:
+            return
+        from autoresearch.study.warmup import WARMUP_ID
+
+        owner, exists = None, None
+        if self._server_data is not None:
+            from server.api.auth import owner_of
+
+            owner = owner_of(_api_key())
+        elif (url := self.study.resolved_server_url()) is not None:
+            def exists(path: str) -> bool:
+                return remote_checkpoint_exists(url, _api_key(), path)
+        stage = WarmupStage(self.study, self.journal, self.dir, self._server_data, owner, exists)
+        checkpoint = stage.ensure(executor, self._step_sink(WARMUP_ID, "warmup"))
+        self.space = self.study.space(checkpoint)
+
+    def _replay_pruning(self) -> None:
+        if not self.pruning.enabled:
+            return
+        evals: dict[str, list[tuple[int, float]]] = {}
+        for row in self.journal.query("SELECT trial_id, stage, split, accuracy, summary "
+                                      "FROM evals ORDER BY time"):
+            step = intermediate_step({**(row["summary"] or {}), "stage": row["stage"],
+                                      "split": row["split"]})
+            if step is not None and row["accuracy"] is not None:
+                evals.setdefault(row["trial_id"], []).append((step, row["accuracy"]))
+        self.pruning.replay(self.journal.trials(), evals)
+
+    def outcome(self, report: Path | None = None) -> StudyOutcome:
+        best_id = self.journal.study()["best_trial"]
+        baseline = [t for t in self.journal.trials() if t["role"] == "baseline"]
+        return StudyOutcome(self.dir, self.journal.path,
+                            self.journal.trial(best_id) if best_id else None,
+                            baseline[0] if baseline else None, report)
+
+    def _init_journal(self) -> None:
+        spec = self.study.model_dump(mode="json")
+        row = self.journal.init_study(self.study.name, spec)
+        if row["spec"] != spec:
+            self.journal.set_study(spec=spec)
+            self.journal.event("study", "the declaration changed on resume; the new one applies")
+        resumed = self.journal.trials()
+        if resumed:
+            self.journal.event("study", f"resuming with {len(resumed)} trials in the journal")
+
+    @contextlib.contextmanager
+    def _executor_for_study(self) -> Iterator[Executor]:
+        if self._executor is not None:
+            yield self._executor
+            return
+        spec = self.study.executor
+        if spec.kind == "kubernetes":
+            from autoresearch.study.executors.kubernetes import KubernetesExecutor
+
+            executor = KubernetesExecutor(self.study.name, spec, self.study.resolved_server_url())
+            yield executor
+            executor.close()  # not when interrupted: uncollected Jobs must survive a resume
+            return
+        from rewards import RewardPool
+
+        with contextlib.ExitStack() as stack:
+            url = self.study.resolved_server_url()
+            if url is None:
+                from server.entrypoints.runtime import ServerConfig, ServerThread
+
+                self._server_data = (self.dir / "server-data").resolve()
+                server = ServerThread(ServerConfig(model=self.study.embedded_model, port=0,
+                                                   data_dir=self._server_data, api_keys=""))
+                url = stack.enter_context(server).url
+            pool = stack.enter_context(RewardPool(workers=self.study.reward_workers))
+            yield LocalExecutor(url, _api_key(), pool)
+
+    def _loop(self, executor: Executor) -> None:
+        parallel = self.study.executor.max_parallel_trials
+        pending: dict[Future, str] = {}
+        threads = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="trial")
+        finished = False
+        try:
+            while True:
+                self._decide()
+                for row in self.journal.trials():
+                    if row["status"] not in ACTIVE:
+                        continue
+                    if len(pending) >= parallel:
+                        break
+                    if row["id"] not in pending.values():
+                        pending[self._dispatch(row, executor, threads)] = row["id"]
+                free = parallel - len(pending)
+                if free > 0:
+                    for row in self._new_trials(free):
+                        pending[self._dispatch(row, executor, threads)] = row["id"]
+                if not pending:
+                    break
+                done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+                for future in done:
+                    self._collect(pending.pop(future), future)
+            finished = True
+        finally:
+            # Interrupted: return at once; running trials are resumed from the journal later.
+            threads.shutdown(wait=finished, cancel_futures=True)
+
+    # ---------------------------------------------------------- proposing
+    def _say_once(self, key: str, message: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            log.info(message)
+            self.journal.event("budget", message)
+
+    def _budget_left(self, trials: list[dict[str, Any]]) -> int:
+        """How many more exploration trials the budget allows now."""
+        b = self.study.budget
+        explored = [t for t in trials if t["role"] in ("baseline", "explore")]
+        left = b.max_trials - len(explored)
+        if left <= 0:
+            self._say_once("trials", f"trial budget spent: {b.max_trials} trials proposed")
+            return 0
+        if b.max_tokens is not None:
+            used = sum(t["tokens"] or 0 for t in trials)
+            if used >= b.max_tokens:
+                self._say_once("tokens", f"token budget spent: {used} of {b.max_tokens} tokens")
+                return 0
+        if b.max_wall_seconds is not None:
+            elapsed = time.time() - self.journal.study()["created"]
+            if elapsed >= b.max_wall_seconds:
+                self._say_once("wall", f"wall-clock budget spent: {elapsed:.0f}s of "
+                               f"{b.max_wall_seconds:.0f}s")
+                return 0
+        return left
+
+    def _steps_fit(self, trials: list[dict[str, Any]], planned: list[TrialConfig],
+                   config: TrialConfig) -> bool:
+        b = self.study.budget
+        if b.max_steps is None:
+            return True
+        used = sum(_total_steps(t) for t in trials if t["role"] in ("baseline", "explore"))
+        used += sum(c.sft.steps + c.rl.steps for c in planned)
+        if used + config.sft.steps + config.rl.steps > b.max_steps:
+            self._say_once("steps", f"step budget spent: {used} of {b.max_steps} steps planned")
+            return False
+        return True
+
+    def context(self) -> Context:
+        trials = self.journal.trials()
+        best_id = self.journal.study()["best_trial"]
+        best = next((t for t in trials if t["id"] == best_id), None)
+        return Context(self.space, trials, best, self._curves(), self.study.goal)
+
+    def _curves(self) -> dict[str, str]:
+        rows = self.journal.query(
+            "SELECT trial_id, phase, reward_mean, loss FROM steps ORDER BY trial_id, time")
+        by_trial: dict[str, dict[str, list[float]]] = {}
+        for r in rows:
+            series = by_trial.setdefault(r["trial_id"], {"sft": [], "rl": []})
+            value = r["reward_mean"] if r["phase"] == "rl" else r["loss"]
+            if value is not None:
+                series.setdefault(r["phase"], []).append(value)
+        out = {}
+        for trial_id, series in by_trial.items():
+            parts = []
+            if series.get("sft"):
+                s = series["sft"]
+                parts.append(f"SFT loss {s[0]:.3f} -> {s[-1]:.3f} over {len(s)} steps")
+            if series.get("rl"):
+                s = series["rl"]
+                parts.append(f"RL mean reward {s[0]:.3f} -> {s[-1]:.3f} (max {max(s):.3f}) "
+                             f"over {len(s)} steps")
+            out[trial_id] = "; ".join(parts)
+        return out
+
+    def _propose_traced(self, context: Context, n: int) -> ProposalBatch:
+        return self.proposer.propose(context, n)
+
+    def _new_trials(self, free: int) -> list[dict[str, Any]]:
+        trials = self.journal.trials()
+        n = min(free, self._budget_left(trials)) if self._exploring else 0
+        if n <= 0:
+            return []
+        rows: list[dict[str, Any]] = []
+        number = self.journal.next_number()
+        best_id = self.journal.study()["best_trial"]
+        best = next((t for t in trials if t["id"] == best_id), None)
+        best_config = TrialConfig.model_validate(best["config"]) if best else self.space.base
+        if not any(t["role"] == "baseline" for t in trials):
+            base = self.space.base
+            if self._steps_fit(trials, [], base):
+                row = self._trial_row(number, "baseline", base, {}, "baseline",
+                                      "The declared base config: the reference every change is "
+                                      "judged against.", best_config, best_id)
+                self.journal.add_proposal(
+                    {"time": time.time(), "proposer": "baseline", "requested": 1,
+                     "outcome": "declared", "attempts": 0, "errors": [], "seconds": 0.0}, [row])
+                rows.append(row)
+                number += 1
+                n -= 1
+        if n <= 0:
+            return rows
+        started = time.monotonic()
+        context = self.context()
+        try:
+            batch = self._propose(context, n)
+        except Exception as exc:  # noqa: BLE001 - a broken proposer ends exploration, not the study
+            log.exception("proposer failed")
+            self.journal.event("proposer", f"proposer failed: {type(exc).__name__}: {exc}")
+            self._exploring = False
+            return rows
+        planned: list[TrialConfig] = []
+        new_rows = []
+        for proposal in batch.proposals:
+            config = self.space.base.with_changes(proposal.changes)
+            if not self._steps_fit(trials, planned, config):
+                break
+            planned.append(config)
+            new_rows.append(self._trial_row(number, "explore", config, proposal.changes,
+                                            batch.proposer, proposal.rationale, best_config,
+                                            best_id))
+            number += 1
+        self.journal.add_proposal(
+            {"time": time.time(), "proposer": batch.proposer, "requested": n,
+             "outcome": batch.outcome, "attempts": batch.attempts, "errors": batch.errors,
+             "response": batch.response, "seconds": round(time.monotonic() - started, 3)},
+            new_rows)
+        if not batch.proposals:
+            self._exploring = False
+            self._say_once("exhausted", "the proposer has no new configuration to propose")
+        for row in new_rows:
+            log.info("queued %s (%s): %s", row["id"], batch.proposer, row["rationale"])
+        return rows + new_rows
+
+    def _trial_row(self, number: int, role: str, config: TrialConfig, changes: dict[str, Any],
+                   proposer: str, rationale: str, best_config: TrialConfig,
+                   best_id: str | None, replicate_of: str | None = None) -> dict[str, Any]:
+        trial_id = f"t{number:04d}"
+        config = config.with_changes({"name": f"{self.study.name}-{trial_id}"})
+        return {
+            "id": trial_id, "number": number, "role": role, "status": "queued",
+            "proposer": proposer, "rationale": rationale, "changes": changes,
+            "config": config.model_dump(mode="json"), "fingerprint": config.fingerprint(),
+            "config_key": config_key(config), "seed": config.seed, "replicate_of": replicate_of,
+            "best_at_proposal": best_id, "diff_vs_best": config_diff(config, best_config),
+            "directory": f"trials/{trial_id}", "created": time.time(), "attempts": 0,
+        }
+
+    # --------------------------------------------------------- dispatching
+    def _dispatch(self, row: dict[str, Any], executor: Executor,
+                  threads: ThreadPoolExecutor) -> Future:
+        now = time.time()
+        if row["status"] == "running":
+            self.journal.event("trial", "re-attaching to the trial (resumed study)", row["id"])
+        self.journal.update_trial(row["id"], status="running", started=row.get("started") or now,
+                                  attempts=(row.get("attempts") or 0) + 1)
+        job = TrialJob(row["id"], TrialConfig.model_validate(row["config"]),
+                       (self.dir / row["directory"]).resolve())
+        log.info("running %s", row["id"])
+        return threads.submit(_run_exclusively, executor, job,
+                              self._step_sink(row["id"], row["role"]))
+
+    def _step_sink(self, trial_id: str, role: str):
+        def sink(entry: dict[str, Any]) -> None:
+            if entry.get("type") == "eval":
+                self._intermediate(trial_id, role, entry)
+                return
+            with self._buffer_lock:
+                self._buffers.setdefault(trial_id, []).append(entry)
+                due = time.monotonic() - self._flushed.get(trial_id, 0.0) >= STEP_FLUSH_SECONDS
+            if due:
+                self._flush_steps(trial_id)
+
+        return sink
+
+    def _intermediate(self, trial_id: str, role: str, entry: dict[str, Any]) -> None:
+        """A dev score during training: report it to the pruner; stop the trial if pruned."""
+        step = intermediate_step(entry)
+        value = entry.get("accuracy")
+        if isinstance(value, dict):
+            value = value.get("value")
+        if step is None or value is None:
+            return
+        accuracy = entry["accuracy"] if isinstance(entry["accuracy"], dict) else {
+            "value": value, "n": entry.get("n")}
+        self.journal.put_evals(trial_id, [{**entry, "accuracy": accuracy,
+                                           "time": entry.get("time") or time.time()}],
+                               replace=False)
+        numbers = self.pruning.report(trial_id, role, step, float(value))
+        if numbers is not None:
+            raise TrialPruned(
+                f"pruned at RL step {step}: dev subset {numbers['value']:.3f} vs best "
+                f"{numbers['best']:.3f} at that step, behind by more than the noise margin "
+                f"{numbers['margin']:.3f} (n={numbers['n']}; {numbers['rule']})", step)
+
+    def _flush_steps(self, trial_id: str) -> None:
+        with self._buffer_lock:
+            entries = self._buffers.pop(trial_id, [])
+            self._flushed[trial_id] = time.monotonic()
+        if entries:
+            self.journal.put_steps(trial_id, entries)
+
+    def _collect(self, trial_id: str, future: Future) -> None:
+        row = self.journal.trial(trial_id)
+        directory = self.dir / row["directory"]
+        with self._buffer_lock:
+            streamed = self._buffers.pop(trial_id, [])
+        steps = evals = None
+        if (directory / "record.jsonl").exists():  # the record is authoritative
+            record = TrialRecord(directory)
+            steps, evals = record.of_type("step"), record.of_type("eval")
+        elif streamed:
+            self.journal.put_steps(trial_id, streamed)
+        try:
+            result: TrialResult = future.result()
+        except TrialPruned as exc:
+            ran = int(row["config"]["sft"]["steps"]) + exc.step  # pruned after RL step k
+            tokens = sum(int(e.get("tokens") or 0) for e in steps or streamed)
+            self.journal.finish_trial(trial_id, steps, evals, status="pruned",
+                                      finished=time.time(), error=str(exc), steps=ran,
+                                      tokens=tokens)
+            self.journal.event("pruning", str(exc), trial_id, step=exc.step)
+            self.pruning.finish(trial_id, None, pruned=True)
+            log.info("trial %s %s", trial_id, exc)
+            return
+        except TrialStopped as exc:
+            self.journal.finish_trial(trial_id, steps, evals, status="stopped",
+                                      finished=time.time(), error=str(exc))
+            self.journal.event("trial", f"stopped on request: {exc}", trial_id)
+            log.info("trial %s stopped on request", trial_id)
+            return
+        except Exception as exc:  # noqa: BLE001 - a crashed trial is a result, not the end
+            error = "".join(traceback.format_exception(exc))[-4000:]
+            self.journal.finish_trial(trial_id, steps, evals, status="crashed",
+                                      finished=time.time(), error=error)
+            self.journal.event("trial", f"crashed: {type(exc).__name__}: {exc}", trial_id)
+            self.pruning.finish(trial_id, None)
+            log.warning("trial %s crashed: %s", trial_id, exc)
+            return
+        dev, test = result.dev or {}, result.test or {}
+        acc, tacc = dev.get("accuracy") or {}, test.get("accuracy") or {}
+        self.journal.finish_trial(
+            trial_id, steps, evals, status="done", finished=time.time(),
+            dev_accuracy=acc.get("value"), dev_low=acc.get("low"), dev_high=acc.get("high"),
+            dev_n=acc.get("n"), test_accuracy=tacc.get("value"), test_low=tacc.get("low"),
+            test_high=tacc.get("high"), test_n=tacc.get("n"), dev=result.dev, test=result.test,
+            steps=result.steps, tokens=result.tokens, wall_seconds=result.wall_seconds,
+            checkpoint=result.checkpoint)
+        self.pruning.finish(trial_id, acc.get("value"))
+        log.info("trial %s done: dev accuracy %s", trial_id, acc.get("value"))
+        self._trace_trial(trial_id, row["config"], row["rationale"], acc, result.steps,
+                          result.tokens, result.wall_seconds)
+
+    # ----------------------------------------------------------- deciding
+    def _decide(self) -> None:
+        """Apply the keep rule to finished trials, in order, until one has to wait."""
+        while True:
+            trials = self.journal.trials()
+            by_id = {t["id"]: t for t in trials}
+            undecided = sorted(
+                (t for t in trials if t["role"] in ("baseline", "explore")
+                 and t["status"] == "done" and t["decision"] is None),
+                key=lambda t: (t["role"] != "baseline", t["finished"]))
+            if not undecided:
+                return
+            candidate = undecided[0]
+            best_id = self.journal.study()["best_trial"]
+            if best_id is None:
+                baseline = next((t for t in trials if t["role"] == "baseline"), None)
+                if candidate["role"] != "baseline" and baseline and baseline["status"] in ACTIVE:
+                    return  # every candidate is judged against the baseline: wait for it
+                note = ("the baseline is the first reference" if candidate["role"] == "baseline"
+                        else "the baseline crashed: the first finished trial is the reference")
+                self._record(candidate, None, "reference", None, "kept", note)
+                continue
+            incumbent = by_id[best_id]
+            action, comparison = first_look(candidate["dev"]["verdicts"],
+                                            incumbent["dev"]["verdicts"])
+            rule, note = "paired", ""
+            if action != "discard":
+                runs = self._replicates(candidate, incumbent, trials)
+                if runs is None:
+                    return  # re-runs queued or still running
+                if runs == "no budget" and action == "confirm":
+                    action, note = "discard", ("inconclusive and no confirmation budget left: "
+                                               "discarded")
+                elif runs == "no budget":
+                    note = "significant on one seed; no confirmation budget left to replicate it"
+                else:
+                    action, comparison = after_confirmation(*runs)
+                    rule = "pooled seeds"
+            verdict = "kept" if action == "keep" else "discarded"
+            self._record(candidate, incumbent, rule, comparison, verdict, note)
+
+    def _replicates(self, candidate: dict[str, Any], incumbent: dict[str, Any],
+                    trials: list[dict[str, Any]]):
+        """Verdict lists per seed for both contenders, None while waiting, or "no budget"."""
+        budget = self.study.budget
+        base_seed = self.space.base.seed
+        seeds = [base_seed + k for k in range(1, budget.confirm_seeds + 1)]
+        if not seeds:
+            return "no budget"
+        found: dict[tuple[str, int], dict[str, Any]] = {}
+        missing: list[tuple[dict[str, Any], int]] = []
+        for contender in (candidate, incumbent):
+            for seed in seeds:
+                match = next((t for t in trials if t["config_key"] == contender["config_key"]
+                              and t["seed"] == seed), None)
+                if match is None:
+                    missing.append((contender, seed))
+                else:
+                    found[(contender["id"], seed)] = match
+        if missing:
+            spent = sum(1 for t in trials if t["role"] == "confirm")
+            if spent + len(missing) > budget.max_confirm_trials:
+                return "no budget"
+            number = self.journal.next_number()
+            rows = []
+            best_config = TrialConfig.model_validate(incumbent["config"])
+            for contender, seed in missing:
+                config = TrialConfig.model_validate(contender["config"]).with_changes(
+                    {"seed": seed})
+                rows.append(self._trial_row(
+                    number, "confirm", config, contender["changes"] or {}, "keep rule",
+                    f"re-run of {contender['id']} with seed {seed}: {candidate['id']} looked "
+                    f"better than {incumbent['id']} on one seed", best_config,
+                    incumbent["id"], replicate_of=contender["id"]))
+                number += 1
+            self.journal.add_trials(rows)
+            self.journal.event("decision", f"{candidate['id']} vs {incumbent['id']}: positive "
+                               f"on one seed; re-running both with seeds {seeds}",
+                               candidate["id"], queued=[r["id"] for r in rows])
+            return None
+        if any(t["status"] in ACTIVE for t in found.values()):
+            return None
+        cand_runs = [candidate["dev"]["verdicts"]]
+        inc_runs = [incumbent["dev"]["verdicts"]]
+        for seed in seeds:
+            a, b = found[(candidate["id"], seed)], found[(incumbent["id"], seed)]
+            if a["dev"] and b["dev"]:  # a crashed re-run drops its seed from both sides
+                cand_runs.append(a["dev"]["verdicts"])
+                inc_runs.append(b["dev"]["verdicts"])
+        return cand_runs, inc_runs
+
+    def _record(self, candidate: dict[str, Any], incumbent: dict[str, Any] | None, rule: str,
+                comparison: Any, verdict: str, note: str) -> None:
+        diff = comparison.as_dict() if comparison is not None else {}
+        decision = {"verdict": verdict, "rule": rule, "against": incumbent and incumbent["id"],
+                    **diff, "note": note}
+        self.journal.add_decision(
+            {"candidate": candidate["id"], "incumbent": incumbent and incumbent["id"],
+             "rule": rule, "difference": diff.get("value"), "low": diff.get("low"),
+             "high": diff.get("high"), "n": diff.get("n"), "seeds": diff.get("seeds"),
+             "verdict": verdict, "note": note},
+            {candidate["id"]: {"status": verdict, "decision": decision}},
+            best_trial=candidate["id"] if verdict == "kept" else None)
+        log.info("decision on %s: %s (%s)", candidate["id"], verdict,
+                 f"{diff.get('value', 0):+.3f} [{diff.get('low', 0):+.3f}, "
+                 f"{diff.get('high', 0):+.3f}]" if diff else note)
+
+
+def _trial_summary(trial_id: str, config: dict[str, Any], rationale: str,
+                   dev_accuracy: dict[str, Any], steps: int, tokens: int,
+                   wall_seconds: float) -> dict[str, Any]:
+    """What tracing records of a finished trial (the dev score only, as decisions do)."""
+    return {"trial": trial_id, "dev_accuracy": dev_accuracy, "steps": steps, "tokens": tokens,
+            "wall_seconds": wall_seconds}
+
+
+def run_study(study: Study, output_dir: str | Path | None = None,
+              executor: Executor | None = None, proposer: Proposer | None = None) -> StudyOutcome:
+    """Run (or resume) a study to the end of its budget and write its report."""
+    return StudyRunner(study, output_dir, executor, proposer).run()
+
+
+def load_study(directory: str | Path) -> Study:
+    """The declaration a study journal was started with (its latest, after a resume)."""
+    journal = Journal(directory, read_only=True)
+    return Study.model_validate(journal.study()["spec"])
+
+
+def resume_study(directory: str | Path, executor: Executor | None = None,
+                 proposer: Proposer | None = None) -> StudyOutcome:
+    return run_study(load_study(directory), directory, executor, proposer)

@@ -1,0 +1,203 @@
+"""A Study: a goal, a search space, a budget and how to run trials, declared in Python or YAML.
+
+    study = Study.from_file("study.yaml")      # or Study(name=..., base_trial=TrialConfig(...))
+    outcome = run_study(study)                   # autoresearch.study.runner; resumable
+
+This module only describes a study; `autoresearch.study.runner` runs it and trusts what is
+validated here, at the edge.
+Secrets never appear in it: API keys come from the environment (`api_key_env` names the
+variable), so the declaration is stored verbatim in the journal.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from autoresearch.rl.config import RLConfig, SFTConfig, TrialConfig
+from autoresearch.study.space import DEFAULT_SPACE, Param, SearchSpace
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Budget(_Strict):
+    """What the study may spend. Exploration stops at the first limit reached."""
+
+    max_trials: int = Field(8, ge=1, le=10_000)
+    """Trials proposed to explore the space, the baseline (the base config) included."""
+    max_steps: int | None = Field(None, ge=1)
+    """Total SFT+RL steps over those trials (counted when a trial is proposed)."""
+    max_tokens: int | None = Field(None, ge=1)
+    """Total tokens trained on (counted as trials finish)."""
+    max_wall_seconds: float | None = Field(None, gt=0)
+    """No new trial is proposed after this long since the study was created."""
+    confirm_seeds: int = Field(2, ge=0, le=16)
+    """Extra seeds each contender is re-run with when a single-seed difference is inconclusive."""
+    max_confirm_trials: int = Field(4, ge=0, le=10_000)
+    """Trials the study may spend on such re-runs, over and above `max_trials`."""
+
+
+ProposerKind = Literal["optuna", "random", "gemini", "openai"]
+
+
+class ProposerSpec(_Strict):
+    kind: ProposerKind = "optuna"
+    """`optuna` (TPE, offline, the default), `random` (random search), `gemini` or `openai`
+    (the LLM researcher; `openai` means any OpenAI-compatible endpoint: vLLM, Ollama)."""
+    model: str | None = None
+    """LLM model name (default: gemini-2.5-flash for gemini; required for openai)."""
+    base_url: str | None = None
+    """Endpoint of an OpenAI-compatible server, or a Gemini API proxy."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the key (default: GEMINI_API_KEY, then
+    GOOGLE_API_KEY for gemini; OPENAI_API_KEY for openai)."""
+    timeout_s: float = Field(60.0, gt=0, le=3600)
+    max_attempts: int = Field(3, ge=1, le=10)
+    """Requests per proposal: the first answer plus repairs and retries after timeouts."""
+    temperature: float = Field(0.7, ge=0, le=2)
+    startup_trials: int = Field(3, ge=1, le=1000)
+    """Completed trials TPE samples at random before it starts modelling the space."""
+    fallback: Literal["optuna", "random"] = "optuna"
+    """Offline proposer used when the LLM fails."""
+
+
+class ExecutorSpec(_Strict):
+    kind: Literal["local", "kubernetes"] = "local"
+    max_parallel_trials: int = Field(1, ge=1, le=1024)
+    job_template: str | None = None
+    """Kubernetes: the trial Job template (default /config/trial-job.yaml)."""
+    namespace: str | None = None
+    """Kubernetes: default $POD_NAMESPACE, else the kubeconfig's, else `default`."""
+    image: str | None = None
+    """Kubernetes: trial image (default $AUTORESEARCH_RUNNER_IMAGE, else the template's)."""
+    poll_seconds: float = Field(5.0, gt=0, le=600)
+
+
+class WarmupSpec(_Strict):
+    """Training every trial of the study starts from: run once, cached by its config, so a
+    second study (or a rerun) with the same warm-up reuses it. Model, rank, seed, prompt style,
+    reward and dev tasks are the base trial's."""
+
+    sft: SFTConfig = SFTConfig(steps=30, batch_size=8, adam={"learning_rate": 5e-4})
+    rl: RLConfig = RLConfig(steps=0)
+    checkpoint_every: int = Field(10, ge=1, le=100_000)
+    cache_dir: str | None = None
+    """Where finished warm-ups are kept (default $AUTORESEARCH_WARMUPS, else
+    $AUTORESEARCH_CACHE/warmups, else ~/.cache/autoresearch/warmups). Under Kubernetes, a path
+    on the results volume, so other study pods find it."""
+
+
+class PruningSpec(_Strict):
+    """Stop losing trials early: trials score a fixed dev subset every `every` RL steps and
+    Optuna's pruner compares them at equal steps; a trial is pruned only when the pruner says
+    so and it is behind the best score at that step by more than `margin_z` standard errors."""
+
+    kind: Literal["none", "successive_halving", "hyperband"] = "none"
+    every: int = Field(2, ge=1, le=100_000)
+    """RL steps between evaluations on the dev subset."""
+    dev_tasks: int | None = Field(None, ge=1, le=100_000)
+    """Size of that subset: the first tasks of the fixed dev set (default: all of them)."""
+    min_resource: int = Field(2, ge=1, le=100_000)
+    """RL steps a trial runs before it can be pruned."""
+    reduction_factor: int = Field(3, ge=2, le=100)
+    margin_z: float = Field(1.0, ge=0, le=10)
+    """Noise margin: standard errors of the difference of two accuracies on the subset."""
+
+
+class TracingSpec(_Strict):
+    project: str | None = None
+    """Weave project; default $WEAVE_PROJECT. Tracing also needs $WANDB_API_KEY."""
+
+
+class Study(_Strict):
+    name: str = Field("study", min_length=1, max_length=40)
+    goal: Literal["dev_accuracy"] = "dev_accuracy"
+    """What the study maximises: execution accuracy on the fixed dev subset. Decisions read
+    only the dev split; the test split is read once, to report the final best."""
+    seed: int = Field(0, ge=0)
+    """Seeds the offline proposer; trial seeds come from `base_trial.seed`."""
+    output_dir: str | None = None
+    """Where the journal, trial directories and report go (default runs/studies/<name>)."""
+    server_url: str | None = None
+    """Tinker-compatible server; default $TINKER_BASE_URL, else an embedded server."""
+    embedded_model: str | None = None
+    """Model of the embedded server (default: the packaged Gemma 3 270M)."""
+    reward_workers: int | None = Field(None, ge=1, le=256)
+    """Scoring processes shared by the local trials (default: one per CPU core)."""
+    base_trial: TrialConfig = TrialConfig()
+    warmup: WarmupSpec | None = None
+    """A study-level warm-up every trial forks from (its `init_checkpoint`)."""
+    pruning: PruningSpec = PruningSpec()
+    search_space: dict[str, Param] = Field(default_factory=lambda: dict(DEFAULT_SPACE))
+    budget: Budget = Budget()
+    proposer: ProposerSpec = ProposerSpec()
+    executor: ExecutorSpec = ExecutorSpec()
+    tracing: TracingSpec = TracingSpec()
+
+    @field_validator("name")
+    @classmethod
+    def _dns_safe(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", value):
+            raise ValueError("name must be lowercase letters, digits and '-' (it names "
+                             "directories and Kubernetes Jobs)")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Study:
+        self.space()  # unknown fields or bad bounds fail here, not mid-study
+        if self.warmup is not None:
+            self.warmup_trial()
+        if self.pruning.kind != "none" and self.pruning.every >= self.base_trial.rl.steps:
+            raise ValueError(f"pruning.every={self.pruning.every} needs more RL steps than "
+                             f"base_trial.rl.steps={self.base_trial.rl.steps} to compare at")
+        if self.proposer.kind == "openai" and not self.proposer.model:
+            raise ValueError("proposer.model is required for an OpenAI-compatible endpoint")
+        return self
+
+    def trial_base(self, init_checkpoint: str | None = None) -> TrialConfig:
+        """The base trial as trials run it: with the pruning evaluations, and from the warm-up's
+        checkpoint once it exists."""
+        base = self.base_trial
+        if self.pruning.kind != "none":
+            base = base.with_changes({"eval.every": self.pruning.every,
+                                      "eval.every_tasks": self.pruning.dev_tasks})
+        if init_checkpoint is not None:
+            base = base.with_changes({"init_checkpoint": init_checkpoint})
+        return base
+
+    def space(self, init_checkpoint: str | None = None) -> SearchSpace:
+        return SearchSpace(self.search_space, self.trial_base(init_checkpoint))
+
+    def warmup_trial(self) -> TrialConfig:
+        """The warm-up as a trial: the base trial's model, data and dev tasks, the warm-up's
+        training; scored on dev before and after (no test split)."""
+        if self.warmup is None:
+            raise ValueError("the study declares no warm-up")
+        w = self.warmup
+        return self.base_trial.with_changes({
+            "name": "warmup", "sft": w.sft.model_dump(mode="json"),
+            "rl": w.rl.model_dump(mode="json"), "checkpoint_every": w.checkpoint_every,
+            "eval.every": 0, "eval.every_tasks": None, "eval.test_tasks": 0,
+            "eval.baseline": False, "eval.start": True})
+
+    def directory(self) -> Path:
+        return Path(self.output_dir or Path("runs") / "studies" / self.name)
+
+    def resolved_server_url(self) -> str | None:
+        return self.server_url or os.environ.get("TINKER_BASE_URL") or None
+
+    # -------------------------------------------------------------- i/o
+    @classmethod
+    def from_file(cls, path: str | Path) -> Study:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        return cls.model_validate(data)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)

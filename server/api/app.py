@@ -1,0 +1,342 @@
+"""HTTP: the `/api/v1` surface of the `tinker` SDK 0.38, on FastAPI.
+
+Handlers only parse, authenticate and translate errors; the work is in `TrainingService`.
+Errors take the SDK's own shapes: a future that fails answers `{"error", "category"}` (the SDK
+raises `RequestFailedError`), a bad direct request answers 4xx with a JSON body (the SDK raises
+`BadRequestError`, `AuthenticationError`, `NotFoundError`...). Nothing a client sends can crash
+the process or reach another key's runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from server.api.auth import AuthError, KeyRing
+from server.api.http_body import BodyTooLarge, read_body
+from server.engine.engine import UserError
+from server.engine.losses import LossError
+from server.protocol.codec import WireError, decode_forward_backward
+from server.protocol.futures import LONG_POLL_SECONDS, FutureRecord
+from server.service.service import Backpressure, NotFound, QuotaExceeded, TrainingService
+from server.storage.checkpoints import CheckpointError
+
+log = logging.getLogger(__name__)
+
+CLIENT_CONFIG = {
+    "pjwt_auth_enabled": False,
+    "use_pyqwest_transport": True,
+    "proto_compress_fwdbwd": False,
+    "parallel_fwdbwd_chunks": True,
+    "fwdbwd_max_chunk_len": 1024,
+    "fwdbwd_max_chunk_bytes_count": 5_000_000,
+    "sample_use_retrieve_futures": False,
+    "sample_join_sampling_session": False,
+    "custom_loss_server_side": False,
+}
+
+
+def _error(status: int, message: str, kind: str) -> JSONResponse:
+    return JSONResponse({"error": message, "type": kind}, status_code=status)
+
+
+async def _json(request: Request) -> dict[str, Any]:
+    raw = await read_body(request)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise WireError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise WireError("request body must be a JSON object")
+    return value
+
+
+def _future(record: FutureRecord, **extra: Any) -> dict[str, Any]:
+    return {"request_id": record.request_id, **extra}
+
+
+def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(service.scheduler.stop)
+
+    app = FastAPI(
+        title="autoresearch training server", docs_url=None, redoc_url=None, lifespan=lifespan
+    )
+    app.state.service = service
+    api = "/api/v1"
+
+    def owner(request: Request) -> str:
+        return keys.authenticate(request.headers.get("x-api-key"))
+
+    Handler = Callable[[Request], Awaitable[Any]]
+
+    def route(method: str, path: str, authenticated: bool = True):
+        """Register a handler whose exceptions become the SDK's error shapes."""
+
+        def decorate(handler: Handler) -> Handler:
+            async def endpoint(request: Request) -> Response:
+                try:
+                    who = owner(request) if authenticated else ""
+                    result = (
+                        await handler(request, who) if authenticated else await handler(request)
+                    )
+                except AuthError as exc:
+                    return _error(401, str(exc), "authentication_error")
+                except NotFound as exc:
+                    return _error(404, str(exc), "not_found")
+                except QuotaExceeded as exc:
+                    response = _error(429, str(exc), "quota_exceeded")
+                    response.headers["x-should-retry"] = "false"
+                    return response
+                except Backpressure as exc:
+                    response = _error(429, str(exc), "backpressure")
+                    response.headers["retry-after"] = "1"
+                    return response
+                except BodyTooLarge as exc:
+                    return _error(413, str(exc), "payload_too_large")
+                except (
+                    UserError,
+                    LossError,
+                    CheckpointError,
+                    WireError,
+                    KeyError,
+                    TypeError,
+                    ValueError,
+                ) as exc:
+                    message = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+                    return _error(400, message, "invalid_request")
+                except Exception:  # noqa: BLE001 - never crash the server on a request
+                    log.exception("%s %s failed", method, path)
+                    return _error(500, "internal server error", "server_error")
+                if isinstance(result, Response):
+                    return result
+                return JSONResponse(result if result is not None else {"status": "ok"})
+
+            app.add_api_route(api + path, endpoint, methods=[method])
+            return handler
+
+        return decorate
+
+    # ------------------------------------------------------- bootstrap
+    @route("POST", "/client/config", authenticated=False)
+    async def client_config(request: Request):
+        return CLIENT_CONFIG
+
+    @route("POST", "/client/dynamic_config", authenticated=False)
+    async def dynamic_config(request: Request):
+        return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+
+    @route("GET", "/healthz", authenticated=False)
+    async def healthz(request: Request):
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        """Readiness: the engine thread is alive and not stuck while work waits for it."""
+        stalled = service.scheduler.stalled_seconds()
+        if stalled > service.scheduler.stall_limit:
+            reason = "engine stalled" if stalled < float("inf") else "engine thread stopped"
+            return JSONResponse({"status": reason}, 503)
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus scrape endpoint (no key: scrape it from inside the cluster only)."""
+        gauge = service.metrics.queue_depth
+        gauge.clear()
+        for run_id, depth in service.scheduler.queue_depths().items():
+            if run_id == "_sampling":
+                service.metrics.sampling_queue.set(depth)
+            elif not run_id.startswith("_"):
+                gauge.labels(run_id).set(depth)
+        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @route("GET", "/get_server_capabilities")
+    async def capabilities(request: Request, who: str):
+        return {
+            "supported_models": [
+                {
+                    "model_name": service.base_model,
+                    "max_context_length": service.engine.max_context,
+                    "trainable": True,
+                    "sampleable": True,
+                }
+            ]
+        }
+
+    @route("POST", "/telemetry")
+    async def telemetry(request: Request, who: str):
+        await read_body(request)
+        return {"status": "accepted"}
+
+    # -------------------------------------------------------- sessions
+    @route("POST", "/create_session")
+    async def create_session(request: Request, who: str):
+        return service.create_session(who, await _json(request))
+
+    @route("POST", "/session_heartbeat")
+    async def heartbeat(request: Request, who: str):
+        return service.heartbeat(who, (await _json(request))["session_id"])
+
+    @route("POST", "/sessions/{session_id}/finish")
+    async def finish(request: Request, who: str):
+        body = await _json(request)
+        reason = (body.get("reason") or {}).get("type", "success")
+        return service.finish_session(who, request.path_params["session_id"], reason)
+
+    @route("GET", "/sessions")
+    async def sessions(request: Request, who: str):
+        q = request.query_params
+        return service.list_sessions(who, int(q.get("limit", 20)), int(q.get("offset", 0)))
+
+    @route("GET", "/sessions/{session_id}")
+    async def session(request: Request, who: str):
+        return service.get_session(who, request.path_params["session_id"])
+
+    # -------------------------------------------------------- training
+    @route("POST", "/create_model")
+    async def create_model(request: Request, who: str):
+        record = service.create_model(who, await _json(request))
+        return _future(record)
+
+    @route("POST", "/get_info")
+    async def get_info(request: Request, who: str):
+        return service.get_info(who, (await _json(request))["model_id"])
+
+    @route("POST", "/forward_backward")
+    async def forward_backward(request: Request, who: str):
+        body = await read_body(request)
+        if request.headers.get("content-type", "").startswith("application/json"):
+            raise WireError("forward_backward takes a protobuf body (tinker SDK >= 0.25)")
+        call = decode_forward_backward(body)
+        record = service.forward_backward(who, call)
+        return _future(record, model_id=call.model_id)
+
+    @route("POST", "/optim_step")
+    async def optim_step(request: Request, who: str):
+        body = await _json(request)
+        return _future(service.optim_step(who, body), model_id=body["model_id"])
+
+    @route("POST", "/save_weights")
+    async def save_weights(request: Request, who: str):
+        body = await _json(request)
+        return _future(service.save_weights(who, body), model_id=body["model_id"])
+
+    @route("POST", "/save_weights_for_sampler")
+    async def save_for_sampler(request: Request, who: str):
+        body = await _json(request)
+        return _future(service.save_weights_for_sampler(who, body), model_id=body["model_id"])
+
+    @route("POST", "/load_weights")
+    async def load_weights(request: Request, who: str):
+        return _future(service.load_weights(who, await _json(request)))
+
+    @route("POST", "/weights_info")
+    async def weights_info(request: Request, who: str):
+        return service.weights_info(who, (await _json(request))["tinker_path"])
+
+    # -------------------------------------------------------- sampling
+    @route("POST", "/create_sampling_session")
+    async def create_sampling_session(request: Request, who: str):
+        return service.create_sampling_session(who, await _json(request))
+
+    @route("GET", "/samplers/{sampler_id}")
+    async def get_sampler(request: Request, who: str):
+        return service.get_sampler(who, request.path_params["sampler_id"])
+
+    @route("POST", "/asample")
+    async def asample(request: Request, who: str):
+        record, ids = service.sample(who, await _json(request))
+        return _future(record, sample_sequence_ids=ids)
+
+    # --------------------------------------------------------- futures
+    @route("POST", "/retrieve_future")
+    async def retrieve_future(request: Request, who: str):
+        body = await _json(request)
+        record = service.futures.get(str(body.get("request_id")))
+        if record is None or record.owner != who:
+            return {"error": f"unknown request id {body.get('request_id')!r}", "category": "user"}
+        if not record.done.is_set():
+            finished = await service.futures.wait(record, LONG_POLL_SECONDS)
+            if not finished:
+                return {
+                    "type": "try_again",
+                    "request_id": record.request_id,
+                    "queue_state": record.queue_state,
+                }
+        if record.error is not None:
+            return {"error": record.error, "category": record.category}
+        if record.proto_result is not None:
+            return Response(record.proto_result, media_type="application/x-protobuf")
+        return record.json_result
+
+    @route("POST", "/cancel_future")
+    async def cancel_future(request: Request, who: str):
+        await _json(request)
+        return {"status": "ok"}
+
+    # ------------------------------------------------------------ rest
+    @route("GET", "/training_runs")
+    async def training_runs(request: Request, who: str):
+        q = request.query_params
+        return service.list_training_runs(who, int(q.get("limit", 20)), int(q.get("offset", 0)))
+
+    @route("GET", "/training_runs/{run_id}")
+    async def training_run(request: Request, who: str):
+        return service.training_run(who, request.path_params["run_id"])
+
+    @route("DELETE", "/training_runs/{run_id}")
+    async def delete_run(request: Request, who: str):
+        service.delete_run(who, request.path_params["run_id"])
+        return Response(status_code=204)
+
+    @route("GET", "/training_runs/{run_id}/checkpoints")
+    async def run_checkpoints(request: Request, who: str):
+        return service.list_checkpoints(who, request.path_params["run_id"])
+
+    @route("GET", "/checkpoints")
+    async def user_checkpoints(request: Request, who: str):
+        q = request.query_params
+        return service.list_user_checkpoints(who, int(q.get("limit", 100)), int(q.get("offset", 0)))
+
+    def _ckpt(request: Request) -> tuple[str, str, str]:
+        p = request.path_params
+        return p["run_id"], p["kind"], p["name"]
+
+    @route("DELETE", "/training_runs/{run_id}/checkpoints/{kind}/{name}")
+    async def delete_checkpoint(request: Request, who: str):
+        service.delete_checkpoint(who, *_ckpt(request))
+        return Response(status_code=204)
+
+    @route("PUT", "/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl")
+    async def set_ttl(request: Request, who: str):
+        body = await _json(request)
+        service.set_ttl(who, *_ckpt(request), body.get("ttl_seconds"))
+        return Response(status_code=204)
+
+    @route("POST", "/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
+    async def publish(request: Request, who: str):
+        service.set_public(who, *_ckpt(request), True)
+        return Response(status_code=204)
+
+    @route("DELETE", "/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
+    async def unpublish(request: Request, who: str):
+        service.set_public(who, *_ckpt(request), False)
+        return Response(status_code=204)
+
+    @route("POST", "/copy_weights")
+    async def copy_weights(request: Request, who: str):
+        return service.copy_weights(who, await _json(request))
+
+    return app

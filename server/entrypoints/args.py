@@ -1,0 +1,101 @@
+"""The server's command-line flags and the `ServerConfig` they describe (shared by every role)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from server.entrypoints.runtime import ServerConfig
+
+
+def build_parser(prog: str = "autoresearch-server") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="A self-hosted, Tinker-compatible LoRA training server.",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="Hugging Face id or local directory (default: packaged Gemma 3 270M)",
+    )
+    parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--data-dir", type=Path, default=None, help="where checkpoints are written")
+    parser.add_argument(
+        "--api-keys-file",
+        type=Path,
+        default=None,
+        help="file with one API key per line (else AUTORESEARCH_API_KEYS)",
+    )
+    parser.add_argument(
+        "--no-fuse",
+        action="store_true",
+        help="run each training run's batches alone instead of fusing runs",
+    )
+    parser.add_argument(
+        "--tokenizer-id",
+        default=None,
+        help="tokenizer id reported to clients (default: the model's)",
+    )
+    parser.add_argument("--max-runs-per-key", type=int, default=None)
+    parser.add_argument(
+        "--max-queued-tokens-per-key",
+        type=int,
+        default=None,
+        help="beyond this, submissions get 429 and the SDK retries later",
+    )
+    parser.add_argument(
+        "--max-resident-runs",
+        type=int,
+        default=None,
+        help="cap on adapters kept in device memory; idle ones spill to disk",
+    )
+    parser.add_argument(
+        "--max-resident-samplers",
+        type=int,
+        default=32,
+        help="sampler snapshots kept in memory; older ones wait on disk until sampled again",
+    )
+    parser.add_argument(
+        "--idle-evict-seconds",
+        type=float,
+        default=None,
+        help="spill a run's adapter to disk after this long without requests",
+    )
+    parser.add_argument("--log-json", action="store_true", help="structured JSON log lines")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    from server.entrypoints.runtime import ServerConfig
+    from server.service.service import Limits
+
+    config = ServerConfig(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        host=args.host,
+        port=args.port,
+        api_keys_file=args.api_keys_file,
+        fuse=not args.no_fuse,
+        tokenizer_id=args.tokenizer_id,
+        limits=Limits(
+            args.max_runs_per_key,
+            args.max_queued_tokens_per_key,
+            args.max_resident_runs,
+            args.idle_evict_seconds,
+            args.max_resident_samplers,
+        ),
+    )
+    config.log_json = args.log_json  # type: ignore[attr-defined]
+    if args.data_dir is not None:
+        config.data_dir = args.data_dir
+    return config
+
+
+def parse_args(argv: list[str] | None = None) -> ServerConfig:
+    return config_from_args(build_parser().parse_args(argv))

@@ -1,0 +1,144 @@
+"""`python -m server gateway|trainer|sampler`: one role of the distributed server per process.
+
+Every role takes the single-process server's flags (`python -m server --help`) plus the Redis
+ones below; a worker's `--host/--port` serve its health, readiness and metrics endpoints only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import socket
+import threading
+from typing import Any
+
+import uvicorn
+
+from server.entrypoints.args import build_parser, config_from_args
+from server.observability.logs import configure as configure_logging
+
+log = logging.getLogger(__name__)
+
+
+
+def role_parser(role: str) -> argparse.ArgumentParser:
+    parser = build_parser(prog=f"autoresearch-server {role}")
+    group = parser.add_argument_group("distributed")
+    group.add_argument("--redis-url", required=True, help="redis://[:password@]host:port/db")
+    group.add_argument("--redis-prefix", default="ar",
+                       help="key prefix, so deployments can share one Redis")
+    group.add_argument("--worker-id", default=None,
+                       help="this worker's id (default: role, host name and pid)")
+    group.add_argument("--heartbeat-ttl", type=float, default=10.0,
+                       help="seconds a heartbeat (and the trainer lease) lasts unless renewed")
+    if role == "trainer":
+        group.add_argument("--save-every", type=int, default=4,
+                           help="save a run's state every this many optimizer steps")
+        group.add_argument("--stall-seconds", type=float, default=120.0,
+                           help="not ready when the engine has not come round this long")
+    if role == "sampler":
+        group.add_argument("--backend", default="torch",
+                           help="torch, vllm, or module:factory called with these arguments")
+        group.add_argument("--vllm-url", default=None, help="the vLLM server (--backend vllm)")
+        group.add_argument("--max-rows", type=int, default=64,
+                           help="most samples decoded together in one batch")
+    return parser
+
+
+def _worker_id(role: str, args: argparse.Namespace) -> str:
+    return args.worker_id or f"{role}-{socket.gethostname()}-{os.getpid()}"
+
+
+def run_gateway(args: argparse.Namespace) -> None:
+    import redis.asyncio as aioredis
+
+    from server.api.auth import KeyRing, is_loopback
+    from server.distributed.gateway import create_gateway_app
+    from server.distributed.store import SOCKET_TIMEOUT_SECONDS
+
+    keys = KeyRing.from_sources(args.api_keys_file)
+    if keys.open and not is_loopback(args.host):
+        raise SystemExit(f"refusing to listen on {args.host} without API keys: configure "
+                         "--api-keys-file or AUTORESEARCH_API_KEYS, or bind to 127.0.0.1")
+    client = aioredis.Redis.from_url(args.redis_url, socket_timeout=SOCKET_TIMEOUT_SECONDS,
+                                     socket_keepalive=True, health_check_interval=30)
+    app = create_gateway_app(client, keys, args.redis_prefix)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+
+
+def run_trainer(args: argparse.Namespace) -> None:
+    from server.distributed.health import health_app
+    from server.distributed.store import Keys, RedisFutureStore, Store, connect
+    from server.distributed.trainer import DistributedService, TrainerWorker
+    from server.engine.engine import Engine
+    from server.engine.model_loading import embedded_cache_path, is_embedded, load_base_model
+    from server.storage.checkpoints import CheckpointStore
+
+    config = config_from_args(args)
+    store = Store(connect(args.redis_url), Keys(args.redis_prefix))
+    engine = Engine(load_base_model(config.model, config.device, config.dtype),
+                    max_context=config.max_context)
+    tokenizer_id = config.tokenizer_id
+    if tokenizer_id is None and is_embedded(config.model):
+        tokenizer_id = str(embedded_cache_path())
+    service = DistributedService(engine, CheckpointStore(config.data_dir),
+                                 RedisFutureStore(store), store, save_every=args.save_every,
+                                 fuse=config.fuse, tokenizer_id=tokenizer_id,
+                                 limits=config.limits)
+    service.scheduler.stall_limit = args.stall_seconds
+    worker = TrainerWorker(service, _worker_id("trainer", args), args.heartbeat_ttl)
+    # Health is served while the worker waits for the lease and replays its journal.
+    threading.Thread(target=worker.start, name="trainer-start", daemon=True).start()
+    app = health_app("autoresearch trainer", worker.readiness, service.metrics.render)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        worker.stop()
+
+
+def _backend(args: argparse.Namespace, config: Any) -> tuple[Any, Any]:
+    """(backend, device to load adapters on)."""
+    if args.backend == "torch":
+        from server.engine.engine import Engine
+        from server.engine.model_loading import load_base_model
+
+        engine = Engine(load_base_model(config.model, config.device, config.dtype),
+                        max_context=config.max_context)
+        return engine, engine.device
+    if args.backend == "vllm":
+        from server.samplers import make_sampler
+
+        # vLLM reads adapters from the shared data dir, as this worker does.
+        return make_sampler("vllm", base_url=args.vllm_url, adapter_root=config.data_dir,
+                            model=config.model), "cpu"
+    module, _, name = args.backend.partition(":")
+    if not name:
+        raise SystemExit(f"unknown sampling backend {args.backend!r}: use torch, vllm or "
+                         "module:factory")
+    factory = getattr(importlib.import_module(module), name)
+    return factory(args), "cpu"
+
+
+def run_sampler(args: argparse.Namespace) -> None:
+    from server.distributed.health import health_app
+    from server.distributed.sampler import SamplerWorker
+    from server.distributed.store import Keys, Store, connect
+
+    config = config_from_args(args)
+    backend, device = _backend(args, config)
+    store = Store(connect(args.redis_url), Keys(args.redis_prefix))
+    worker = SamplerWorker(store, backend, device, _worker_id("sampler", args),
+                           args.heartbeat_ttl, max_rows=args.max_rows).start()
+    app = health_app("autoresearch sampler", worker.readiness)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        worker.stop()
+
+
+def main(role: str, argv: list[str]) -> None:
+    args = role_parser(role).parse_args(argv)
+    configure_logging(json_lines=args.log_json)
+    {"gateway": run_gateway, "trainer": run_trainer, "sampler": run_sampler}[role](args)

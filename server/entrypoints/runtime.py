@@ -1,0 +1,140 @@
+"""Assembling and running a server: configuration, the model, the app, uvicorn.
+
+`ServerConfig` is the one typed description of a server; the command line, tests and benchmarks
+all build servers through `build_app` / `ServerThread`, so they exercise the same wiring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import uvicorn
+
+from server.api.auth import KeyRing, is_loopback
+from server.engine.engine import Engine
+from server.engine.model_loading import (
+    default_cache_dir,
+    embedded_cache_path,
+    is_embedded,
+    load_base_model,
+)
+from server.protocol.futures import FutureStore
+from server.service.service import Limits, TrainingService
+from server.storage.checkpoints import CheckpointStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerConfig:
+    model: str | None = None
+    """Hugging Face id or local directory; None serves the packaged Gemma 3 270M."""
+    device: str | None = None
+    dtype: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: Path = field(default_factory=lambda: default_cache_dir().parent / "server-data")
+    api_keys_file: Path | None = None
+    api_keys: str | None = None
+    """Comma-separated keys; None reads AUTORESEARCH_API_KEYS."""
+    fuse: bool = True
+    tokenizer_id: str | None = None
+    max_context: int | None = None
+    limits: Limits = field(default_factory=Limits)
+
+
+def build_service(config: ServerConfig) -> tuple[TrainingService, KeyRing]:
+    keys = KeyRing.from_sources(config.api_keys_file, config.api_keys)
+    if keys.open and not is_loopback(config.host):
+        raise SystemExit(
+            f"refusing to listen on {config.host} without API keys: configure --api-keys-file "
+            "or AUTORESEARCH_API_KEYS, or bind to 127.0.0.1"
+        )
+    loaded = load_base_model(config.model, config.device, config.dtype)
+    engine = Engine(loaded, max_context=config.max_context)
+    tokenizer_id = config.tokenizer_id
+    if tokenizer_id is None and is_embedded(config.model):
+        # Clients on this machine can load the tokenizer straight from the converted cache.
+        tokenizer_id = str(embedded_cache_path())
+    store = CheckpointStore(config.data_dir)
+    service = TrainingService(
+        engine,
+        store,
+        FutureStore(),
+        fuse=config.fuse,
+        tokenizer_id=tokenizer_id,
+        limits=config.limits,
+    )
+    return service, keys
+
+
+def build_app(config: ServerConfig):
+    from server.api.app import create_app
+
+    service, keys = build_service(config)
+    return create_app(service, keys)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerThread:
+    """A real HTTP server on a background thread (for notebooks, tests and benchmarks)."""
+
+    def __init__(self, config: ServerConfig):
+        if not config.port:
+            config.port = free_port()
+        self.config = config
+        self.app = build_app(config)
+        self._server = uvicorn.Server(
+            uvicorn.Config(
+                self.app, host=config.host, port=config.port, log_level="warning", lifespan="off"
+            )
+        )
+        self._thread = threading.Thread(target=self._run, name="http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.config.port}"
+
+    @property
+    def service(self) -> TrainingService:
+        return self.app.state.service
+
+    def _run(self) -> None:
+        asyncio.run(self._server.serve())
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("server failed to start")
+            threading.Event().wait(0.05)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+        self.service.scheduler.stop()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve(config: ServerConfig) -> None:
+    app = build_app(config)
+    uvicorn.run(app, host=config.host, port=config.port, log_level="info")
+
+
+__all__ = ["ServerConfig", "ServerThread", "build_app", "serve", "Path"]

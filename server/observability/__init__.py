@@ -1,0 +1,3 @@
+"""Observability: Prometheus metrics and structured logs. The bottom layer: imports nothing of
+`server`.
+"""

@@ -1,0 +1,9 @@
+"""Developer tools that run against the product but are not part of it.
+
+`compat_report` (with its probes in `compat_probes`) measures which `tinker` SDK methods the
+server supports and regenerates `docs/tinker-compatibility.md`:
+
+    python -m tools.compat_report --out docs/tinker-compatibility.md
+
+May import `server` (to start one in process); nothing imports `tools`.
+"""
