@@ -259,7 +259,9 @@ class StudyRunner:
                 self._say_once("tokens", f"token budget spent: {used} of {b.max_tokens} tokens")
                 return 0
         if b.max_wall_seconds is not None:
-            elapsed = time.time() - self.journal.study()["created"]
+            # The warm-up is a one-off cost (a rerun takes it from the cache): not the search's.
+            warmup = sum(t["wall_seconds"] or 0 for t in trials if t["role"] == "warmup")
+            elapsed = time.time() - self.journal.study()["created"] - warmup
             if elapsed >= b.max_wall_seconds:
                 self._say_once("wall", f"wall-clock budget spent: {elapsed:.0f}s of "
                                f"{b.max_wall_seconds:.0f}s")

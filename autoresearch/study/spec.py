@@ -37,7 +37,8 @@ class Budget(_Strict):
     max_tokens: int | None = Field(None, ge=1)
     """Total tokens trained on (counted as trials finish)."""
     max_wall_seconds: float | None = Field(None, gt=0)
-    """No new trial is proposed after this long since the study was created."""
+    """No new trial is proposed after this long since the study was created (the time its
+    warm-up took, if it trained one, not counted)."""
     confirm_seeds: int = Field(2, ge=0, le=16)
     """Extra seeds each contender is re-run with when a single-seed difference is inconclusive."""
     max_confirm_trials: int = Field(4, ge=0, le=10_000)

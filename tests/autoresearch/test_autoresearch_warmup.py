@@ -110,3 +110,16 @@ def test_a_warmup_without_training_steps_is_refused_when_declared():
     with pytest.raises(ValueError, match="SFT steps, RL steps"):
         Study(name="bad", base_trial={"rl": {"steps": 2}, "eval": {"every": 0}}, search_space=LR,
               warmup={"sft": {"steps": 0}})
+
+
+def test_the_wall_clock_budget_does_not_count_the_warmup(tmp_path: Path):
+    class SlowWarmup(SyntheticExecutor):
+        def run(self, job, on_step):
+            self.delay = 8.0 if job.id == "warmup" else 0.0
+            return super().run(job, on_step)
+
+    study = _study("wall", tmp_path / "cache").model_copy(update={"budget": Study.model_validate(
+        {"budget": {"max_trials": 3, "confirm_seeds": 0, "max_wall_seconds": 6.0}}).budget})
+    executor = SlowWarmup(lambda c: 0.3)
+    run_study(study, tmp_path / "a", executor=executor)
+    assert executor.calls[:2] == ["warmup", "t0001"]  # the search still had its 6 seconds
