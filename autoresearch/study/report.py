@@ -204,8 +204,9 @@ def build(journal: Journal) -> list[Block]:
     outcomes: dict[str, int] = {}
     for p in proposals:
         outcomes[p["outcome"]] = outcomes.get(p["outcome"], 0) + 1
-    blocks.append(Block("p", "Proposals: " + ", ".join(
-        f"{n} {o}" for o, n in sorted(outcomes.items())) + "."))
+    if outcomes:
+        blocks.append(Block("p", "Proposals: " + ", ".join(
+            f"{n} {o}" for o, n in sorted(outcomes.items())) + "."))
     return blocks
 
 
