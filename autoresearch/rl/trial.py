@@ -447,6 +447,10 @@ class Trial:
     ) -> EvalResult:
         """`step`: RL steps done when the weights were evaluated (what pruning compares at)."""
         started = time.time()
+        self.progress(
+            {"type": "eval_start", "phase": "eval", "stage": stage, "split": split,
+             "tasks": len(tasks)}
+        )
         result = evaluate(
             sampler,
             tokenizer,

@@ -15,11 +15,14 @@ from typing import Any, Literal
 
 from autoresearch.evaluation.stats import Estimate, paired_difference
 from autoresearch.rl.config import TrialConfig
+from autoresearch.rl.progress import describe, where
+from autoresearch.study.decision_text import decision_text
 from autoresearch.study.decisions import RULE, paired_items
 from autoresearch.study.journal import Journal
 from autoresearch.study.space import config_diff
 
 SPARKS = "▁▂▃▄▅▆▇█"
+FINISHED = ("done", "kept", "discarded")
 
 
 @dataclass
@@ -91,15 +94,28 @@ def build(journal: Journal) -> list[Block]:
     blocks += _warmup_blocks(journal, trials)
 
     blocks.append(Block("h2", "Result"))
+    unfinished_study = study["state"] != "finished"
+    if unfinished_study:
+        open_trials = [t["id"] for t in trials if t["status"] not in FINISHED + ("crashed",)]
+        blocks.append(Block("p", (
+            f"This study is unfinished (state: {study['state']}); what follows is the state so "
+            "far, not its conclusion. "
+            + (f"Trials without a verdict because they did not finish: {', '.join(open_trials)}. "
+               if open_trials else "")
+            + f"`autoresearch resume {journal.path.parent}` continues it.")))
     if best is None:
         blocks.append(Block("p", "No trial finished: there is no best config yet."))
     else:
         dev_gain = _paired(best, baseline, "dev")
         test_gain = _paired(best, baseline, "test")
         same = baseline is not None and best["id"] == baseline["id"]
-        headline = ("No proposed change beat the baseline beyond noise: the base config stays "
-                    "the best." if same else
-                    f"Best config: {best['id']} ({_changes(best)}).")
+        if unfinished_study:
+            headline = (f"Best so far: {best['id']} ({_changes(best)}); no verdict on the study "
+                        "until it finishes.")
+        else:
+            headline = ("No proposed change beat the baseline beyond noise: the base config "
+                        "stays the best." if same else
+                        f"Best config: {best['id']} ({_changes(best)}).")
         blocks.append(Block("p", headline))
         rows = [["dev", _acc(baseline), _acc(best), "-" if same else _diff(dev_gain)],
                 ["test", _acc(baseline, "test"), _acc(best, "test"),
@@ -107,7 +123,7 @@ def build(journal: Journal) -> list[Block]:
         blocks.append(Block("table", headers=[
             "split", f"baseline {baseline['id'] if baseline else ''}", f"best {best['id']}",
             "best - baseline (paired, 95% CI)"], rows=rows))
-        if not same and test_gain is not None:
+        if not same and test_gain is not None and not unfinished_study:
             verdict = ("improves" if test_gain.low > 0 else "hurts" if test_gain.high < 0
                        else "does not measurably change")
             blocks.append(Block("p", f"On the held-out test split the best config {verdict} "
@@ -130,7 +146,10 @@ def build(journal: Journal) -> list[Block]:
     rows = []
     for rank, t in enumerate(ranked, 1):
         gain = _paired(t, baseline, "dev") if baseline and t is not baseline else None
-        rows.append([str(rank), t["id"], t["status"], _acc(t), _diff(gain),
+        status = t["status"]
+        if status not in FINISHED and t.get("progress"):
+            status += f" ({where(t['progress'])})"
+        rows.append([str(rank), t["id"], status, _acc(t), _diff(gain),
                      str(t["steps"] or "-"), str(t["tokens"] or "-"),
                      f"{t['wall_seconds']:.0f}" if t["wall_seconds"] else "-", t["proposer"],
                      _changes(t)])
@@ -173,11 +192,11 @@ def build(journal: Journal) -> list[Block]:
         blocks.append(Block("h2", "Decisions"))
         blocks.append(Block("p", "Keep rule: " + RULE))
         blocks.append(Block("table", headers=["candidate", "against", "rule", "difference [95% CI]",
-                                              "pairs", "verdict", "note"], rows=[
+                                              "pairs", "what the rule concluded"], rows=[
             [d["candidate"], d["incumbent"] or "-", d["rule"],
              _diff(Estimate(d["difference"], d["low"], d["high"], d["n"] or 0))
-             if d["difference"] is not None else "-", str(d["n"] or "-"), d["verdict"],
-             d["note"] or ""] for d in decisions]))
+             if d["difference"] is not None else "-", str(d["n"] or "-"),
+             d.get("conclusion") or decision_text(d)] for d in decisions]))
 
     blocks.append(Block("h2", "What the agent learned"))
     lessons = []
@@ -187,18 +206,24 @@ def build(journal: Journal) -> list[Block]:
         d = t.get("decision") or {}
         hypothesis = (t["rationale"] or "").strip()
         if t["status"] == "kept":
-            lessons.append(f"Confirmed ({t['id']}, {_changes(t)}; {d.get('value', 0):+.3f} "
-                           f"[{d.get('low', 0):+.3f}, {d.get('high', 0):+.3f}]): {hypothesis}")
+            lessons.append(f"Confirmed ({t['id']}, {_changes(t)}; {decision_text(d)}): "
+                           f"{hypothesis}")
         elif t["status"] == "discarded":
-            lessons.append(f"Not supported ({t['id']}, {_changes(t)}; {d.get('value', 0):+.3f} "
-                           f"[{d.get('low', 0):+.3f}, {d.get('high', 0):+.3f}]): {hypothesis}")
+            lessons.append(f"Not supported ({t['id']}, {_changes(t)}; {decision_text(d)}): "
+                           f"{hypothesis}")
         elif t["status"] == "crashed":
             last = (t["error"] or "").strip().splitlines()[-1:] or ["unknown error"]
             lessons.append(f"Crashed ({t['id']}, {_changes(t)}): {last[0]}")
         elif t["status"] == "pruned":
             lessons.append(f"Pruned early ({t['id']}, {_changes(t)}): {t['error'] or ''}")
+        elif t["status"] == "stopped" and (t.get("progress") or {}).get("interrupted"):
+            lessons.append(f"No verdict: interrupted before it finished ({t['id']}, "
+                           f"{_changes(t)}; {where(t['progress'])})")
         elif t["status"] == "stopped":
-            lessons.append(f"Stopped on request before it finished ({t['id']}, {_changes(t)})")
+            lessons.append(f"No verdict: stopped on request before it finished ({t['id']}, "
+                           f"{_changes(t)})")
+        elif t["status"] in ("queued", "running", "done"):
+            lessons.append(f"No verdict yet ({t['id']}, {_changes(t)}: {t['status']})")
     blocks.append(Block("list", items=lessons or ["Nothing yet: no candidate was decided."]))
     proposals = journal.proposals()
     outcomes: dict[str, int] = {}
@@ -296,17 +321,29 @@ def write_report(directory: str | Path, out: str | Path | None = None) -> Path:
     return target
 
 
-def status(directory: str | Path) -> str:
-    """A short plain-text view of a study for `autoresearch status`."""
+def status(directory: str | Path, now: float | None = None) -> str:
+    """A short plain-text view of a study for `autoresearch status`: its state, every trial's
+    status and score, and where each unfinished trial is (phase, step of total, last metrics,
+    time left), all read from the journal, wherever the study runs."""
+    import time
+
+    now = time.time() if now is None else now
     journal = Journal(directory, read_only=True)
     study = journal.study()
     lines = [f"study {study['name']} ({study['state']}), best: {study['best_trial'] or '-'}"]
     for t in journal.trials():
         lines.append(f"  {t['id']} {t['role']:<8} {t['status']:<9} dev {_acc(t):<24} "
                      f"{_changes(t)[:70]}")
+        if t["status"] not in FINISHED and t["status"] != "queued" and t.get("progress"):
+            live = t["status"] == "running" and study["state"] == "running"
+            lines.append(f"      {describe(t['progress'], now if live else None)}")
+        decision = t.get("decision") or {}
+        if t["status"] in ("kept", "discarded") and decision:
+            lines.append(f"      {decision.get('conclusion') or decision_text(decision)}")
     spent = journal.query("SELECT count(*) AS n, sum(tokens) AS tokens, (SELECT count(*) FROM "
                           "steps) AS steps FROM trials")[0]
     lines.append(f"  {spent['n']} trials, {spent['steps']} steps journaled, "
                  f"{spent['tokens'] or 0} tokens in finished trials")
+    if study["state"] == "interrupted":
+        lines.append(f"  interrupted: `autoresearch resume {journal.path.parent}` continues it")
     return "\n".join(lines)
-

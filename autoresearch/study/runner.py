@@ -12,7 +12,13 @@ trial); while a contender is being re-run with extra seeds, later decisions wait
 Crash safety: the journal is written before anything acts on it. A study killed at any point
 resumes from its journal: queued trials are dispatched, running ones re-attached (Kubernetes) or
 resumed from their last checkpoint (local), finished but undecided ones decided; a trial is
-never started twice because its directory (and Job name) is fixed when it is queued.
+never started twice because its directory (and Job name) is fixed when it is queued. A study
+interrupted in this process (Ctrl-C, SIGTERM) says so first: the study becomes `interrupted`,
+its unfinished trials `stopped` at their last step, and a resume takes them up again.
+
+Progress: every trial's phase, step of total, last metrics and time left are kept on its row
+(`progress`, at most every few seconds) and handed to an optional `progress` callback, so a
+terminal and `autoresearch status` show the same thing.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from autoresearch.rl.config import TrialConfig
+from autoresearch.rl.progress import ProgressCallback, ProgressTracker, describe
 from autoresearch.rl.record import TrialRecord
 from autoresearch.rl.trial import TrialResult
 from autoresearch.study.control import (
@@ -38,6 +45,7 @@ from autoresearch.study.control import (
     StudyControl,
     TrialStopped,
 )
+from autoresearch.study.decision_text import decision_text
 from autoresearch.study.decisions import after_confirmation, first_look
 from autoresearch.study.executors.base import Executor, TrialJob
 from autoresearch.study.executors.local import LocalExecutor
@@ -90,7 +98,8 @@ def _total_steps(row: dict[str, Any]) -> int:
 
 class StudyRunner:
     def __init__(self, study: Study, output_dir: str | Path | None = None,
-                 executor: Executor | None = None, proposer: Proposer | None = None):
+                 executor: Executor | None = None, proposer: Proposer | None = None,
+                 progress: ProgressCallback | None = None):
         self.study = study
         self.dir = Path(output_dir or study.directory())
         self.space = study.space()
@@ -113,6 +122,9 @@ class StudyRunner:
         base = study.trial_base()
         self.pruning = StudyPruning(study.pruning, base.eval.every_tasks or base.eval.dev_tasks,
                                     base.rl.steps)
+        self._progress = progress or (lambda trial_id, state: None)
+        self._trackers: dict[str, ProgressTracker] = {}
+        self._interrupted = False
 
     # ---------------------------------------------------------------- run
     def run(self) -> StudyOutcome:
@@ -120,16 +132,23 @@ class StudyRunner:
 
         self._init_journal()
         self._replay_pruning()
-        with self._executor_for_study() as executor:
-            if not isinstance(executor, ControlledExecutor):
-                executor = ControlledExecutor(executor, self.control)
-            try:
-                self._warm_up(executor)
-            except WarmupFailed as exc:
-                log.error("%s", exc)
-                self.journal.set_study(state="failed")
-                return self.outcome(write_report(self.dir))
-            self._loop(executor)
+        try:
+            with self._executor_for_study() as executor:
+                if not isinstance(executor, ControlledExecutor):
+                    executor = ControlledExecutor(executor, self.control)
+                try:
+                    self._warm_up(executor)
+                    self._loop(executor)
+                except KeyboardInterrupt:
+                    self._interrupt()  # before the server goes down under the trials
+                    raise
+        except KeyboardInterrupt:
+            self._interrupt()
+            raise
+        except WarmupFailed as exc:
+            log.error("%s", exc)
+            self.journal.set_study(state="failed")
+            return self.outcome(write_report(self.dir))
         self.journal.set_study(state="finished")
         self.journal.event("study", "study finished")
         report = write_report(self.dir)
@@ -150,6 +169,7 @@ class StudyRunner:
             def exists(path: str) -> bool:
                 return remote_checkpoint_exists(url, _api_key(), path)
         stage = WarmupStage(self.study, self.journal, self.dir, self._server_data, owner, exists)
+        self._trackers[WARMUP_ID] = ProgressTracker(stage.config)
         checkpoint = stage.ensure(executor, self._step_sink(WARMUP_ID, "warmup"))
         self.space = self.study.space(checkpoint)
 
@@ -181,6 +201,32 @@ class StudyRunner:
         resumed = self.journal.trials()
         if resumed:
             self.journal.event("study", f"resuming with {len(resumed)} trials in the journal")
+        for row in resumed:
+            progress = row.get("progress") or {}
+            if row["status"] == "stopped" and progress.get("interrupted"):
+                self.journal.update_trial(row["id"], status="queued", error=None)
+                self.journal.event("trial", "the study was interrupted here: resuming it from "
+                                   f"its last checkpoint ({describe(progress)})", row["id"])
+
+    def _interrupt(self) -> None:
+        """Journal an interruption: the study `interrupted`, unfinished trials `stopped` at their
+        last step (a resume queues them again). Each write is short; running once is enough."""
+        if self._interrupted:
+            return
+        self._interrupted = True
+        for row in self.journal.trials():
+            if row["status"] not in ACTIVE:
+                continue
+            self._flush_steps(row["id"])
+            tracker = self._trackers.get(row["id"])
+            last = tracker.end("stopped", interrupted=True) if tracker else {
+                **(row.get("progress") or {}), "phase": "stopped", "interrupted": True}
+            where = describe(last) if tracker else "before it started"
+            self.journal.update_trial(row["id"], status="stopped", finished=time.time(),
+                                      progress=last, error=f"interrupted: {where}")
+            self._progress(row["id"], last)
+        self.journal.set_study(state="interrupted")
+        self.journal.event("study", "study interrupted; `autoresearch resume` continues it")
 
     @contextlib.contextmanager
     def _executor_for_study(self) -> Iterator[Executor]:
@@ -387,24 +433,36 @@ class StudyRunner:
         now = time.time()
         if row["status"] == "running":
             self.journal.event("trial", "re-attaching to the trial (resumed study)", row["id"])
-        self.journal.update_trial(row["id"], status="running", started=row.get("started") or now,
-                                  attempts=(row.get("attempts") or 0) + 1)
         job = TrialJob(row["id"], TrialConfig.model_validate(row["config"]),
                        (self.dir / row["directory"]).resolve())
+        tracker = self._trackers[row["id"]] = ProgressTracker(job.config)
+        prior = row.get("progress") or {}
+        if prior.get("step"):  # a resumed trial starts from where it was, not from step 0
+            tracker.state.update({k: prior.get(k) for k in (
+                "step", "reward", "accuracy", "loss", "dev_accuracy") if prior.get(k) is not None})
+        self.journal.update_trial(row["id"], status="running", started=row.get("started") or now,
+                                  attempts=(row.get("attempts") or 0) + 1,
+                                  progress=dict(tracker.state))
+        self._progress(row["id"], dict(tracker.state))
         log.info("running %s", row["id"])
         return threads.submit(_run_exclusively, executor, job,
                               self._step_sink(row["id"], row["role"]))
 
     def _step_sink(self, trial_id: str, role: str):
         def sink(entry: dict[str, Any]) -> None:
-            if entry.get("type") == "eval":
-                self._intermediate(trial_id, role, entry)
-                return
+            tracker = self._trackers.get(trial_id)
+            before = tracker.state["phase"] if tracker else None
+            state = tracker.update(entry) if tracker else None
             with self._buffer_lock:
-                self._buffers.setdefault(trial_id, []).append(entry)
+                if entry.get("type", "step") == "step":
+                    self._buffers.setdefault(trial_id, []).append(entry)
                 due = time.monotonic() - self._flushed.get(trial_id, 0.0) >= STEP_FLUSH_SECONDS
-            if due:
+            if due or (state is not None and state["phase"] != before):
                 self._flush_steps(trial_id)
+            if state is not None:
+                self._progress(trial_id, state)
+            if entry.get("type") == "eval":
+                self._intermediate(trial_id, role, entry)  # may stop the trial (pruned)
 
         return sink
 
@@ -432,8 +490,10 @@ class StudyRunner:
         with self._buffer_lock:
             entries = self._buffers.pop(trial_id, [])
             self._flushed[trial_id] = time.monotonic()
-        if entries:
-            self.journal.put_steps(trial_id, entries)
+        tracker = self._trackers.get(trial_id)
+        if entries or tracker is not None:
+            self.journal.put_steps(trial_id, entries,
+                                   progress=dict(tracker.state) if tracker else None)
 
     def _collect(self, trial_id: str, future: Future) -> None:
         row = self.journal.trial(trial_id)
@@ -446,41 +506,52 @@ class StudyRunner:
             steps, evals = record.of_type("step"), record.of_type("eval")
         elif streamed:
             self.journal.put_steps(trial_id, streamed)
+        tracker = self._trackers.get(trial_id) or ProgressTracker(
+            TrialConfig.model_validate(row["config"]))
         try:
             result: TrialResult = future.result()
         except TrialPruned as exc:
             ran = int(row["config"]["sft"]["steps"]) + exc.step  # pruned after RL step k
             tokens = sum(int(e.get("tokens") or 0) for e in steps or streamed)
+            last = tracker.end("pruned")
+            self._progress(trial_id, last)
             self.journal.finish_trial(trial_id, steps, evals, status="pruned",
                                       finished=time.time(), error=str(exc), steps=ran,
-                                      tokens=tokens)
+                                      tokens=tokens, progress=last)
             self.journal.event("pruning", str(exc), trial_id, step=exc.step)
             self.pruning.finish(trial_id, None, pruned=True)
             log.info("trial %s %s", trial_id, exc)
             return
         except TrialStopped as exc:
+            last = tracker.end("stopped")
+            self._progress(trial_id, last)
             self.journal.finish_trial(trial_id, steps, evals, status="stopped",
-                                      finished=time.time(), error=str(exc))
+                                      finished=time.time(), error=str(exc), progress=last)
             self.journal.event("trial", f"stopped on request: {exc}", trial_id)
             log.info("trial %s stopped on request", trial_id)
             return
         except Exception as exc:  # noqa: BLE001 - a crashed trial is a result, not the end
             error = "".join(traceback.format_exception(exc))[-4000:]
+            last = tracker.end("crashed")
+            self._progress(trial_id, last)
             self.journal.finish_trial(trial_id, steps, evals, status="crashed",
-                                      finished=time.time(), error=error)
+                                      finished=time.time(), error=error, progress=last)
             self.journal.event("trial", f"crashed: {type(exc).__name__}: {exc}", trial_id)
             self.pruning.finish(trial_id, None)
             log.warning("trial %s crashed: %s", trial_id, exc)
             return
         dev, test = result.dev or {}, result.test or {}
         acc, tacc = dev.get("accuracy") or {}, test.get("accuracy") or {}
+        last = tracker.end("done", step=tracker.state["total"], eta_seconds=0.0,
+                           dev_accuracy=acc.get("value"))
+        self._progress(trial_id, last)
         self.journal.finish_trial(
             trial_id, steps, evals, status="done", finished=time.time(),
             dev_accuracy=acc.get("value"), dev_low=acc.get("low"), dev_high=acc.get("high"),
             dev_n=acc.get("n"), test_accuracy=tacc.get("value"), test_low=tacc.get("low"),
             test_high=tacc.get("high"), test_n=tacc.get("n"), dev=result.dev, test=result.test,
             steps=result.steps, tokens=result.tokens, wall_seconds=result.wall_seconds,
-            checkpoint=result.checkpoint)
+            checkpoint=result.checkpoint, progress=last)
         self.pruning.finish(trial_id, acc.get("value"))
         log.info("trial %s done: dev accuracy %s", trial_id, acc.get("value"))
         self._trace_trial(trial_id, row["config"], row["rationale"], acc, result.steps,
@@ -582,16 +653,15 @@ class StudyRunner:
         diff = comparison.as_dict() if comparison is not None else {}
         decision = {"verdict": verdict, "rule": rule, "against": incumbent and incumbent["id"],
                     **diff, "note": note}
+        decision["conclusion"] = conclusion = decision_text(decision)
         self.journal.add_decision(
             {"candidate": candidate["id"], "incumbent": incumbent and incumbent["id"],
              "rule": rule, "difference": diff.get("value"), "low": diff.get("low"),
              "high": diff.get("high"), "n": diff.get("n"), "seeds": diff.get("seeds"),
-             "verdict": verdict, "note": note},
+             "verdict": verdict, "note": note, "conclusion": conclusion},
             {candidate["id"]: {"status": verdict, "decision": decision}},
             best_trial=candidate["id"] if verdict == "kept" else None)
-        log.info("decision on %s: %s (%s)", candidate["id"], verdict,
-                 f"{diff.get('value', 0):+.3f} [{diff.get('low', 0):+.3f}, "
-                 f"{diff.get('high', 0):+.3f}]" if diff else note)
+        log.info("decision on %s: %s", candidate["id"], conclusion)
 
 
 def _trial_summary(trial_id: str, config: dict[str, Any], rationale: str,
@@ -603,9 +673,10 @@ def _trial_summary(trial_id: str, config: dict[str, Any], rationale: str,
 
 
 def run_study(study: Study, output_dir: str | Path | None = None,
-              executor: Executor | None = None, proposer: Proposer | None = None) -> StudyOutcome:
+              executor: Executor | None = None, proposer: Proposer | None = None,
+              progress: ProgressCallback | None = None) -> StudyOutcome:
     """Run (or resume) a study to the end of its budget and write its report."""
-    return StudyRunner(study, output_dir, executor, proposer).run()
+    return StudyRunner(study, output_dir, executor, proposer, progress).run()
 
 
 def load_study(directory: str | Path) -> Study:
@@ -615,5 +686,6 @@ def load_study(directory: str | Path) -> Study:
 
 
 def resume_study(directory: str | Path, executor: Executor | None = None,
-                 proposer: Proposer | None = None) -> StudyOutcome:
-    return run_study(load_study(directory), directory, executor, proposer)
+                 proposer: Proposer | None = None,
+                 progress: ProgressCallback | None = None) -> StudyOutcome:
+    return run_study(load_study(directory), directory, executor, proposer, progress)

@@ -103,8 +103,10 @@ def test_a_stopped_study_resumes_without_running_any_trial_twice(tmp_path: Path)
     first = Interrupting("t0003", delay=0.2)
     with pytest.raises(KeyboardInterrupt):
         run_study(study, tmp_path, executor=first)
-    before = {t["id"]: t["status"] for t in Journal(tmp_path, read_only=True).trials()}
-    assert before["t0003"] == "running"
+    journal = Journal(tmp_path, read_only=True)
+    before = {t["id"]: t["status"] for t in journal.trials()}
+    assert before["t0003"] == "stopped" and journal.study()["state"] == "interrupted"
+    assert journal.trial("t0003")["progress"]["interrupted"]
     second = SyntheticExecutor(lambda c: 0.3)
     outcome = resume_study(tmp_path, executor=second)
     finished_before = {i for i, s in before.items() if s in ("done", "kept", "discarded")}

@@ -83,7 +83,8 @@ def test_a_study_killed_during_the_warmup_resumes_it(tmp_path: Path):
     executor = Interrupting()
     with pytest.raises(KeyboardInterrupt):
         run_study(_study("kill", tmp_path / "cache"), tmp_path / "a", executor=executor)
-    assert Journal(tmp_path / "a", read_only=True).trial("warmup")["status"] == "running"
+    warm = Journal(tmp_path / "a", read_only=True).trial("warmup")
+    assert warm["status"] == "stopped" and warm["progress"]["interrupted"]
     resume_study(tmp_path / "a", executor=executor)
     journal = Journal(tmp_path / "a", read_only=True)
     warm = journal.trial("warmup")

@@ -38,9 +38,10 @@ class TrialJob:
 
 class Executor(Protocol):
     def run(self, job: TrialJob, on_step: StepSink) -> TrialResult:
-        """Run (or re-attach to, or resume) the trial; raise if it crashed. `on_step` gets each
-        step entry and each evaluation entry of the trial's record as it is written; when it
-        raises, the trial ends there with that exception."""
+        """Run (or re-attach to, or resume) the trial; raise if it crashed. `on_step` gets every
+        step entry (`type` "step") and may get evaluation events (`eval_start`, `eval`); an
+        `eval` during training feeds pruning. When `on_step` raises, the trial ends there with
+        that exception."""
         ...
 
     def close(self) -> None: ...
