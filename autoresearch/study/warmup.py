@@ -17,7 +17,8 @@ still has it.
 
     cache/<key>/warmup.json      what it was and what it scored (dev before and after)
     cache/<key>/record.jsonl     the warm-up trial's record (its curve, for reports)
-    cache/<key>/server-data/runs/<run id>/...   the checkpoint (embedded server only)
+    cache/<key>/server-data/runs/...   the checkpoint, laid out as in a server's data directory
+                                       (embedded server only)
 """
 
 from __future__ import annotations
@@ -72,9 +73,14 @@ def cache_key(config: TrialConfig, scope: str) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def _checkpoint_parts(path: str) -> tuple[str, str, str]:
-    run_id, kind, name = path.removeprefix("tinker://").split("/")
-    return run_id, kind, name
+def _where(data_dir: Path, checkpoint: str) -> tuple[Path, Path]:
+    """(run directory, checkpoint directory) of `checkpoint` in a server data directory, as the
+    server's own store lays them out."""
+    from server.storage.checkpoints import CheckpointStore, TinkerPath
+
+    path = TinkerPath.parse(checkpoint)
+    store = CheckpointStore(data_dir)
+    return store.run_dir(path.run_id), store.checkpoint_dir(path)
 
 
 class WarmupCache:
@@ -100,11 +106,10 @@ class WarmupCache:
             if record.exists():
                 shutil.copy2(record, staging / "record.jsonl")
             if server_data is not None:
-                run_id, kind, name = _checkpoint_parts(entry["checkpoint"])
-                source = server_data / "runs" / run_id
-                target = staging / "server-data" / "runs" / run_id
-                shutil.copytree(source / kind / name, target / kind / name)
-                shutil.copy2(source / "run.json", target / "run.json")
+                source_run, source = _where(server_data, entry["checkpoint"])
+                target_run, target = _where(staging / "server-data", entry["checkpoint"])
+                shutil.copytree(source, target)
+                shutil.copy2(source_run / "run.json", target_run / "run.json")
             (staging / ENTRY_FILE).write_text(json.dumps(entry, indent=2))
             if self.dir.exists():
                 shutil.rmtree(staging)
@@ -117,22 +122,21 @@ class WarmupCache:
     def install(self, checkpoint: str, server_data: Path, owner: str) -> None:
         """Make the cached checkpoint loadable by a server whose data directory is
         `server_data`, owned by `owner` (the key the study's trials use)."""
-        run_id, kind, name = _checkpoint_parts(checkpoint)
-        source = self.dir / "server-data" / "runs" / run_id
-        target = server_data / "runs" / run_id
-        if not (source / kind / name).exists():
+        source_run, source = _where(self.dir / "server-data", checkpoint)
+        target_run, target = _where(server_data, checkpoint)
+        if not source.exists():
             raise WarmupFailed(f"the cache entry {self.dir} holds no copy of {checkpoint}")
-        if not (target / kind / name / "adapter_model.safetensors").exists():
+        if not (target / "adapter_model.safetensors").exists():
             staging = Path(tempfile.mkdtemp(prefix=".import-", dir=server_data / "runs"))
-            shutil.copytree(source / kind / name, staging / name)
-            (target / kind).mkdir(parents=True, exist_ok=True)
-            os.replace(staging / name, target / kind / name)
+            shutil.copytree(source, staging / target.name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / target.name, target)
             shutil.rmtree(staging, ignore_errors=True)
-        meta = json.loads((source / "run.json").read_text())
+        meta = json.loads((source_run / "run.json").read_text())
         meta["owner"] = owner
-        tmp = target / ".run.json.tmp"
+        tmp = target_run / ".run.json.tmp"
         tmp.write_text(json.dumps(meta, indent=2))
-        os.replace(tmp, target / "run.json")
+        os.replace(tmp, target_run / "run.json")
 
 
 def remote_checkpoint_exists(server_url: str, api_key: str, checkpoint: str) -> bool:
@@ -202,8 +206,7 @@ class WarmupStage:
     def _install(self, checkpoint: str) -> None:
         if self.server_data is None or self.owner is None:
             return
-        run_id, kind, name = _checkpoint_parts(checkpoint)
-        if (self.server_data / "runs" / run_id / kind / name).exists():
+        if _where(self.server_data, checkpoint)[1].exists():
             return  # this study's own server trained it
         self.cache.install(checkpoint, self.server_data, self.owner)
 

@@ -59,7 +59,9 @@ def test_a_second_study_forks_from_the_cached_warmup_on_its_own_embedded_server(
     assert trial["status"] == "kept" and trial["config"]["init_checkpoint"] == checkpoint
     record = TrialRecord(second.directory / "trials/t0001")
     assert any(e["message"] == f"started from {checkpoint}" for e in record.of_type("event"))
-    run_id = checkpoint.removeprefix("tinker://").split("/")[0]
-    assert (tmp_path / "b" / "server-data" / "runs" / run_id / "run.json").exists()
+    from server.storage.checkpoints import CheckpointStore, TinkerPath
+
+    run_id = TinkerPath.parse(checkpoint).run_id
+    assert (CheckpointStore(tmp_path / "b" / "server-data").run_dir(run_id) / "run.json").exists()
     # The report of the second study still shows the warm-up's effect, from the cache.
     assert "after the warm-up" in second.report.read_text()
