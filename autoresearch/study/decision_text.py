@@ -50,10 +50,17 @@ def decision_text(decision: Mapping[str, Any]) -> str:
         text = f"discarded: worse than {against} beyond noise{pooled}"
     elif rule == "pooled seeds":
         text = f"discarded: the re-runs did not confirm it better than {against} beyond noise"
+    elif rule == "confirmation":
+        text = (f"discarded: the fresh re-runs did not confirm it better than {against} "
+                f"beyond noise{pooled}")
+    elif rule == "first look":
+        text = f"discarded: not ahead of {against} enough on the first look to confirm it"
     else:
         text = f"discarded: not better than {against} beyond noise{pooled}"
     if evidence:
         text += f" (difference {evidence})"
+    if decision.get("p_value") is not None and decision.get("alpha") is not None:
+        text += f"; one-sided p={decision['p_value']:.3g} vs alpha {decision['alpha']:.3g}"
     if note and "budget" in note:
         text += f"; {note.removesuffix(': discarded')}"
     return text

@@ -6,10 +6,12 @@ Tables
                95% intervals, cost, checkpoint, the diff of its config against the best, and
                where it is (`progress`: phase, step of total, last metrics, time left)
     steps      per-step training metrics, copied from each trial's record as it streams
-    evals      every evaluation of every trial (dev during training, dev and test at the end)
+    evals      every evaluation of every trial (dev only; the study's final test check is
+               stored on the best and baseline rows)
     proposals  every call to a proposer: outcome (valid, repaired, fallback), attempts, errors
-    decisions  every keep/discard decision with the paired difference, its interval and what
-               the rule concluded, in words (`decision_text`)
+    decisions  every keep/discard decision: the paired difference and its interval, wins and
+               losses, the exact p-value and the alpha it was held to, and what the rule
+               concluded, in words (`decision_text`)
     events     everything else worth a line (crashes, resumes, budget stops)
 
 DuckDB locks a database file per process, so the study never holds a connection open: each
@@ -69,9 +71,13 @@ CREATE TABLE IF NOT EXISTS proposals (
 CREATE TABLE IF NOT EXISTS decisions (
     id INTEGER, time DOUBLE, candidate VARCHAR, incumbent VARCHAR, rule VARCHAR,
     difference DOUBLE, low DOUBLE, high DOUBLE, n INTEGER, seeds JSON, verdict VARCHAR,
-    note VARCHAR, conclusion VARCHAR
+    note VARCHAR, conclusion VARCHAR, wins DOUBLE, losses DOUBLE, p_value DOUBLE, alpha DOUBLE
 );
 ALTER TABLE decisions ADD COLUMN IF NOT EXISTS conclusion VARCHAR;
+ALTER TABLE decisions ADD COLUMN IF NOT EXISTS wins DOUBLE;
+ALTER TABLE decisions ADD COLUMN IF NOT EXISTS losses DOUBLE;
+ALTER TABLE decisions ADD COLUMN IF NOT EXISTS p_value DOUBLE;
+ALTER TABLE decisions ADD COLUMN IF NOT EXISTS alpha DOUBLE;
 CREATE TABLE IF NOT EXISTS events (
     time DOUBLE, trial_id VARCHAR, kind VARCHAR, message VARCHAR, data JSON
 );

@@ -17,7 +17,7 @@ from autoresearch.evaluation.stats import Estimate, paired_difference
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.progress import describe, where
 from autoresearch.study.decision_text import decision_text
-from autoresearch.study.decisions import RULE, paired_items
+from autoresearch.study.decisions import ErrorBudget, KeepRule, paired_items
 from autoresearch.study.journal import Journal
 from autoresearch.study.space import config_diff
 
@@ -53,6 +53,22 @@ def _paired(a: dict[str, Any] | None, b: dict[str, Any] | None, split: str) -> E
         return None
     x, y = paired_items(a[split]["verdicts"], b[split]["verdicts"])
     return paired_difference(x, y) if x else None
+
+
+def _keep_rule(spec: dict[str, Any]) -> KeepRule:
+    b = spec.get("budget") or {}
+    return KeepRule(ErrorBudget.for_study(b.get("alpha", 0.05), b.get("confirm_seeds", 0),
+                                          b.get("max_confirm_trials", 0)))
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _wins(d: dict[str, Any]) -> str:
+    if d.get("wins") is None:
+        return "-"
+    return f"{d['wins']:g}/{d['losses']:g}"
 
 
 def _fmt(value: Any) -> str:
@@ -130,7 +146,9 @@ def build(journal: Journal) -> list[Block]:
                                 f"execution accuracy relative to the baseline "
                                 f"({_diff(test_gain)}, n={test_gain.n})."))
         base_cfg = TrialConfig.model_validate(spec["base_trial"])
-        best_cfg = TrialConfig.model_validate(best["config"])
+        best_cfg = TrialConfig.model_validate(best["config"]).with_changes({
+            # trials of a study read dev only; shown as a standalone trial would run it
+            "eval.test_tasks": base_cfg.eval.test_tasks, "eval.baseline": base_cfg.eval.baseline})
         diff = config_diff(best_cfg, base_cfg)
         blocks.append(Block("h2", "Best config"))
         if diff:
@@ -188,14 +206,17 @@ def build(journal: Journal) -> list[Block]:
             for e in pruned]))
 
     decisions = journal.decisions()
+    rule = _keep_rule(spec)
+    blocks.append(Block("h2", "Decisions"))
+    blocks.append(Block("p", "Keep rule: " + rule.describe()))
     if decisions:
-        blocks.append(Block("h2", "Decisions"))
-        blocks.append(Block("p", "Keep rule: " + RULE))
-        blocks.append(Block("table", headers=["candidate", "against", "rule", "difference [95% CI]",
-                                              "pairs", "what the rule concluded"], rows=[
+        blocks.append(Block("table", headers=[
+            "candidate", "against", "rule", "difference [95% CI]", "tasks", "seeds",
+            "wins/losses", "one-sided p", "alpha", "what the rule concluded"], rows=[
             [d["candidate"], d["incumbent"] or "-", d["rule"],
              _diff(Estimate(d["difference"], d["low"], d["high"], d["n"] or 0))
              if d["difference"] is not None else "-", str(d["n"] or "-"),
+             str(d["seeds"] or "-"), _wins(d), _num(d.get("p_value")), _num(d.get("alpha")),
              d.get("conclusion") or decision_text(d)] for d in decisions]))
 
     blocks.append(Block("h2", "What the agent learned"))

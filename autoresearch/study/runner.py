@@ -46,7 +46,7 @@ from autoresearch.study.control import (
     TrialStopped,
 )
 from autoresearch.study.decision_text import decision_text
-from autoresearch.study.decisions import after_confirmation, first_look
+from autoresearch.study.decisions import keep_rule_for
 from autoresearch.study.executors.base import Executor, TrialJob
 from autoresearch.study.executors.local import LocalExecutor
 from autoresearch.study.journal import Journal
@@ -103,6 +103,7 @@ class StudyRunner:
         self.study = study
         self.dir = Path(output_dir or study.directory())
         self.space = study.space()
+        self.rule = keep_rule_for(study.budget)
         self.journal = Journal(self.dir)
         self.control = StudyControl(self.dir)
         proposer = proposer or make_proposer(study.proposer, study.seed)
@@ -139,6 +140,7 @@ class StudyRunner:
                 try:
                     self._warm_up(executor)
                     self._loop(executor)
+                    self._final_test(executor)
                 except KeyboardInterrupt:
                     self._interrupt()  # before the server goes down under the trials
                     raise
@@ -198,6 +200,11 @@ class StudyRunner:
         if row["spec"] != spec:
             self.journal.set_study(spec=spec)
             self.journal.event("study", "the declaration changed on resume; the new one applies")
+        if not any(e["kind"] == "error budget" for e in self.journal.events()):
+            budget = self.rule.budget
+            self.journal.event("error budget", budget.describe(), alpha=budget.alpha,
+                               confirmations=budget.confirmations,
+                               per_confirmation=budget.per_confirmation)
         resumed = self.journal.trials()
         if resumed:
             self.journal.event("study", f"resuming with {len(resumed)} trials in the journal")
@@ -417,7 +424,8 @@ class StudyRunner:
                    proposer: str, rationale: str, best_config: TrialConfig,
                    best_id: str | None, replicate_of: str | None = None) -> dict[str, Any]:
         trial_id = f"t{number:04d}"
-        config = config.with_changes({"name": f"{self.study.name}-{trial_id}"})
+        config = dev_only(config).with_changes({"name": f"{self.study.name}-{trial_id}"})
+        best_config = dev_only(best_config)
         return {
             "id": trial_id, "number": number, "role": role, "status": "queued",
             "proposer": proposer, "rationale": rationale, "changes": changes,
@@ -557,6 +565,42 @@ class StudyRunner:
         self._trace_trial(trial_id, row["config"], row["rationale"], acc, result.steps,
                           result.tokens, result.wall_seconds)
 
+    # ---------------------------------------------------------- final test
+    def _final_test(self, executor: Executor) -> None:
+        """Read the test split once: the final best and the base config (baseline trial), each
+        evaluated from its checkpoint on the same test tasks. A resumed study reads it only for
+        a contender whose test result is not journaled yet."""
+        tasks = self.study.base_trial.eval.test_tasks
+        best_id = self.journal.study()["best_trial"]
+        if not tasks or best_id is None:
+            return
+        trials = self.journal.trials()
+        baseline = next((t for t in trials if t["role"] == "baseline"), None)
+        contenders = [self.journal.trial(best_id)]
+        if baseline is not None and baseline["id"] != best_id and baseline.get("checkpoint"):
+            contenders.append(baseline)
+        for row in contenders:
+            if row.get("test") or not row.get("checkpoint"):
+                continue
+            config = TrialConfig.model_validate(row["config"]).with_changes({
+                "name": f"{row['config']['name']}-test", "init_checkpoint": row["checkpoint"],
+                "sft.steps": 0, "rl.steps": 0, "eval.every": 0, "eval.dev_tasks": 0,
+                "eval.test_tasks": tasks, "eval.baseline": False})
+            job = TrialJob(f"{row['id']}-test", config,
+                           (self.dir / "final-test" / row["id"]).resolve())
+            try:
+                result = _run_exclusively(executor, job, lambda entry: None)
+            except Exception as exc:  # noqa: BLE001 - a failed check is reported, not fatal
+                self.journal.event("test", f"final test check of {row['id']} failed: "
+                                   f"{type(exc).__name__}: {exc}", row["id"])
+                return
+            acc = (result.test or {}).get("accuracy") or {}
+            self.journal.update_trial(
+                row["id"], test=result.test, test_accuracy=acc.get("value"),
+                test_low=acc.get("low"), test_high=acc.get("high"), test_n=acc.get("n"))
+            self.journal.event("test", f"test split read once for {row['id']}: accuracy "
+                               f"{acc.get('value')} on {acc.get('n')} tasks", row["id"])
+
     # ----------------------------------------------------------- deciding
     def _decide(self) -> None:
         """Apply the keep rule to finished trials, in order, until one has to wait."""
@@ -580,27 +624,33 @@ class StudyRunner:
                 self._record(candidate, None, "reference", None, "kept", note)
                 continue
             incumbent = by_id[best_id]
-            action, comparison = first_look(candidate["dev"]["verdicts"],
-                                            incumbent["dev"]["verdicts"])
-            rule, note = "paired", ""
-            if action != "discard":
+            action, test = self.rule.first_look(candidate["dev"]["verdicts"],
+                                                incumbent["dev"]["verdicts"])
+            rule, note = "first look", "not ahead enough on the first look to confirm"
+            if action == "confirm":
                 runs = self._replicates(candidate, incumbent, trials)
                 if runs is None:
                     return  # re-runs queued or still running
-                if runs == "no budget" and action == "confirm":
-                    action, note = "discard", ("inconclusive and no confirmation budget left: "
-                                               "discarded")
-                elif runs == "no budget":
-                    note = "significant on one seed; no confirmation budget left to replicate it"
+                if runs == "no budget":
+                    action, note = "discard", ("ahead on the first look, but no confirmation "
+                                               "budget left: not kept without confirmation")
+                elif not runs[0]:
+                    action, note = "discard", "every confirmation re-run crashed"
                 else:
-                    action, comparison = after_confirmation(*runs)
-                    rule = "pooled seeds"
+                    first = test
+                    action, test = self.rule.confirm(*runs)
+                    rule = "confirmation"
+                    note = (f"fresh seeds only: one-sided p={test.p_value:.4g} vs alpha "
+                            f"{self.rule.budget.per_confirmation:.4g} per confirmation; the "
+                            f"selecting first look was {first.difference.value:+.3f} "
+                            f"({first.wins:g} wins, {first.losses:g} losses)")
             verdict = "kept" if action == "keep" else "discarded"
-            self._record(candidate, incumbent, rule, comparison, verdict, note)
+            self._record(candidate, incumbent, rule, test, verdict, note)
 
     def _replicates(self, candidate: dict[str, Any], incumbent: dict[str, Any],
                     trials: list[dict[str, Any]]):
-        """Verdict lists per seed for both contenders, None while waiting, or "no budget"."""
+        """Verdicts of the fresh-seed re-runs of both contenders (never the first look's), None
+        while waiting, or "no budget". The incumbent's re-runs are reused across candidates."""
         budget = self.study.budget
         base_seed = self.space.base.seed
         seeds = [base_seed + k for k in range(1, budget.confirm_seeds + 1)]
@@ -628,19 +678,19 @@ class StudyRunner:
                     {"seed": seed})
                 rows.append(self._trial_row(
                     number, "confirm", config, contender["changes"] or {}, "keep rule",
-                    f"re-run of {contender['id']} with seed {seed}: {candidate['id']} looked "
-                    f"better than {incumbent['id']} on one seed", best_config,
+                    f"re-run of {contender['id']} with seed {seed}: {candidate['id']} was ahead "
+                    f"of {incumbent['id']} on the first look", best_config,
                     incumbent["id"], replicate_of=contender["id"]))
                 number += 1
             self.journal.add_trials(rows)
-            self.journal.event("decision", f"{candidate['id']} vs {incumbent['id']}: positive "
-                               f"on one seed; re-running both with seeds {seeds}",
+            self.journal.event("decision", f"{candidate['id']} vs {incumbent['id']}: ahead on "
+                               f"the first look; confirming on fresh seeds {seeds}",
                                candidate["id"], queued=[r["id"] for r in rows])
             return None
         if any(t["status"] in ACTIVE for t in found.values()):
             return None
-        cand_runs = [candidate["dev"]["verdicts"]]
-        inc_runs = [incumbent["dev"]["verdicts"]]
+        cand_runs: list[dict[str, bool]] = []
+        inc_runs: list[dict[str, bool]] = []
         for seed in seeds:
             a, b = found[(candidate["id"], seed)], found[(incumbent["id"], seed)]
             if a["dev"] and b["dev"]:  # a crashed re-run drops its seed from both sides
@@ -651,17 +701,25 @@ class StudyRunner:
     def _record(self, candidate: dict[str, Any], incumbent: dict[str, Any] | None, rule: str,
                 comparison: Any, verdict: str, note: str) -> None:
         diff = comparison.as_dict() if comparison is not None else {}
+        alpha = self.rule.budget.per_confirmation if rule == "confirmation" else None
         decision = {"verdict": verdict, "rule": rule, "against": incumbent and incumbent["id"],
-                    **diff, "note": note}
+                    **diff, "alpha": alpha, "note": note}
         decision["conclusion"] = conclusion = decision_text(decision)
         self.journal.add_decision(
             {"candidate": candidate["id"], "incumbent": incumbent and incumbent["id"],
              "rule": rule, "difference": diff.get("value"), "low": diff.get("low"),
              "high": diff.get("high"), "n": diff.get("n"), "seeds": diff.get("seeds"),
+             "wins": diff.get("wins"), "losses": diff.get("losses"),
+             "p_value": diff.get("p_value"), "alpha": alpha,
              "verdict": verdict, "note": note, "conclusion": conclusion},
             {candidate["id"]: {"status": verdict, "decision": decision}},
             best_trial=candidate["id"] if verdict == "kept" else None)
         log.info("decision on %s: %s", candidate["id"], conclusion)
+
+
+def dev_only(config: TrialConfig) -> TrialConfig:
+    """A study's trials read the dev split only; the test split is read once, by the study."""
+    return config.with_changes({"eval.test_tasks": 0, "eval.baseline": False})
 
 
 def _trial_summary(trial_id: str, config: dict[str, Any], rationale: str,

@@ -40,9 +40,13 @@ class Budget(_Strict):
     """No new trial is proposed after this long since the study was created (the time its
     warm-up took, if it trained one, not counted)."""
     confirm_seeds: int = Field(2, ge=0, le=16)
-    """Extra seeds each contender is re-run with when a single-seed difference is inconclusive."""
+    """Fresh seeds each contender is re-run with to confirm a promising first look (0: nothing
+    can be kept)."""
     max_confirm_trials: int = Field(4, ge=0, le=10_000)
     """Trials the study may spend on such re-runs, over and above `max_trials`."""
+    alpha: float = Field(0.05, gt=0, lt=0.5)
+    """The study's error budget: the chance that it keeps any change that is no better, split
+    over the confirmations it can run (`decisions.ErrorBudget`)."""
 
 
 ProposerKind = Literal["optuna", "random", "gemini", "openai"]

@@ -73,9 +73,11 @@ class SyntheticExecutor:
                     on_step({"type": "eval", "stage": f"rl-{step + 1}", "split": "dev",
                              "step": step + 1, "n": subset,
                              "accuracy": sum(seen.values()) / subset})
-            return TrialResult(Path(job.directory), summary("dev", draw(job.config, "dev", p,
-                                                                          self.tasks)),
-                               summary("test", draw(job.config, "test", p, self.tasks)),
+            ev = job.config.eval
+            dev = summary("dev", draw(job.config, "dev", p, self.tasks)) if ev.dev_tasks else None
+            test = (summary("test", draw(job.config, "test", p, self.tasks))
+                    if ev.test_tasks else None)
+            return TrialResult(Path(job.directory), dev, test,
                                steps=2, tokens=100, wall_seconds=self.delay,
                                checkpoint=f"tinker://{job.id}/weights/final")
         finally:

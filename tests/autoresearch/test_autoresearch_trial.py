@@ -246,3 +246,31 @@ def test_a_trial_can_start_from_a_shared_checkpoint(
     with pytest.raises(ValueError, match="rank-4 adapter"):
         run_trial(built_on.with_changes({"lora_rank": 8}), tmp_path / "mismatch",
                   sql_server.url, "tml-tests", pool=reward_pool)
+
+
+@pytest.mark.parametrize("temperature", [0.6, 1.3])
+def test_ratios_and_kl_compare_one_distribution_at_any_sampling_temperature(
+    sql_model_dir, sql_server, reward_pool, tmp_path, temperature
+):
+    # The sampler draws from log_softmax(logits / T) but the trainer scores at T = 1: the
+    # behaviour logprobs sent for the importance ratio are the T = 1 ones, so before the first
+    # update the sampler-trainer KL is ~0 whatever the temperature.
+    config = tiny_config(
+        sql_model_dir,
+        sft={"steps": 0},
+        rl={
+            "steps": 1,
+            "prompts_per_step": 2,
+            "group_size": 3,
+            "max_tokens": 12,
+            "temperature": temperature,
+            "drop_constant_groups": False,
+            "loss_fn": "ppo",
+        },
+        eval={"every": 0, "dev_tasks": 2, "test_tasks": 0, "max_tokens": 4},
+    )
+    run_trial(config, tmp_path / "trial", sql_server.url, "tml-tests", pool=reward_pool)
+    (step,) = TrialRecord(tmp_path / "trial").of_type("step")
+    assert step["completion_tokens"] > 0
+    assert step["kl_sample_train_k1"] == pytest.approx(0.0, abs=1e-3)
+    assert step["kl_sample_train_k3"] == pytest.approx(0.0, abs=1e-3)
