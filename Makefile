@@ -16,15 +16,18 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_INDEX_ARG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
+# tinker-cookbook cannot resolve from PyPI as published (it requires tml-renderers, which is not
+# there): its requirements come from the `cookbook` extra, the wheel itself with --no-deps.
+COOKBOOK_VERSION ?= 0.6.1
 TORCH_FROM := $(if $(TORCH_INDEX),from $(TORCH_INDEX),from PyPI)
 # A CPU-only Linux machine about to download the CUDA build gets told before it starts.
 CUDA_ON_CPU := $(if $(TORCH_INDEX),,$(shell [ "$$(uname -s)" = Linux ] && \
 	! command -v nvidia-smi >/dev/null 2>&1 && echo yes))
 PIP := $(BIN)/python -m pip --disable-pip-version-check
-# checkov (step 5) pins old packaging/networkx, so it gets a venv of its own.
-STEPS := 5
+# checkov (step 6) pins old packaging/networkx, so it gets a venv of its own.
+STEPS := 6
 
-.PHONY: setup demo test lint server clean
+.PHONY: setup cookbook demo test lint server clean
 
 setup: $(VENV)/.installed
 
@@ -41,14 +44,21 @@ ifeq ($(CUDA_ON_CPU),yes)
 endif
 	$(PIP) install "torch==$(TORCH_VERSION)" $(TORCH_INDEX_ARG)
 	@echo "[4/$(STEPS)] installing autoresearch and its dependencies (server, notebooks, tests)"
-	$(PIP) install -e ".[server,notebook,dev]"
-	@echo "[5/$(STEPS)] installing checkov (Kubernetes policy scan) in its own environment"
+	$(PIP) install -e ".[server,notebook,dev,cookbook]"
+	@echo "[5/$(STEPS)] installing tinker-cookbook $(COOKBOOK_VERSION) (without its unresolvable tml-renderers)"
+	$(PIP) install --no-deps "tinker-cookbook==$(COOKBOOK_VERSION)"
+	@echo "[6/$(STEPS)] installing checkov (Kubernetes policy scan) in its own environment"
 	$(PYTHON) -m venv $(VENV)/checkov
 	$(VENV)/checkov/bin/python -m pip --disable-pip-version-check install checkov==3.3.30
 	ln -sf ../checkov/bin/checkov $(BIN)/checkov
 	touch $@
 	@echo "set-up done. In a new shell, \`source $(VENV)/bin/activate\` puts \`autoresearch\`" \
 	  "and \`python -m server\` on the PATH."
+
+# For an existing environment (the same two steps `setup` runs).
+cookbook:
+	$(PIP) install -e ".[cookbook]"
+	$(PIP) install --no-deps "tinker-cookbook==$(COOKBOOK_VERSION)"
 
 demo: setup
 	$(BIN)/autoresearch run autoresearch/configs/demo_study.yaml

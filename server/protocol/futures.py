@@ -42,9 +42,14 @@ class FutureStore:
         self._records: dict[str, FutureRecord] = {}
         self._counter = itertools.count(1)
 
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The HTTP event loop, which completions are handed to."""
+        self.loop = loop
+
     def create(self, owner: str, kind: str) -> FutureRecord:
-        """Called from the event loop (an HTTP handler), which completions are handed to."""
-        self.loop = asyncio.get_running_loop()
+        """Called by an HTTP handler, on the event loop or on a worker thread after `bind`."""
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
         self._expire()
         request_id = f"req-{next(self._counter)}-{kind}"
         record = FutureRecord(request_id, owner, kind)

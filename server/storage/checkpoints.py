@@ -11,7 +11,8 @@ Layout under the data directory::
 `<run>` is the run id with the characters some OS cannot hold in a file name escaped
 (`run_dir_name`: `sess-1:train:0` -> `sess-1%3Atrain%3A0`); directories written under the raw
 id by earlier versions are still found and loaded.
-`kind` is `weights` (training state) or `sampler_weights`. Every write goes to a temporary
+`kind` is `weights` (training state), `sampler_weights` or `external_weights` (an export for
+download, possibly age-encrypted, never loaded back). Every write goes to a temporary
 sibling directory that is renamed into place, so a crash never leaves a half-written checkpoint
 that a later load would trust, and a checkpoint saved by one server process loads in another.
 """
@@ -26,6 +27,7 @@ import shutil
 import tempfile
 import threading
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,8 @@ from safetensors.torch import load_file, save_file
 
 from server.engine.lora import ATTN_MODULES, MLP_MODULES, UNEMBED_MODULES, AdapterWeights, LoraSpec
 
-KINDS = {"weights": "training", "sampler_weights": "sampler"}
+KINDS = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
+LOADABLE_KINDS = ("weights", "sampler_weights")
 PEFT_PREFIX = "base_model.model."
 
 
@@ -197,7 +200,10 @@ class CheckpointStore:
         optimizer_state: dict | None,
         meta: dict[str, Any],
         overwrite: bool = True,
+        prepare: Callable[[Path], None] | None = None,
     ) -> dict[str, Any]:
+        """Write a checkpoint atomically; `prepare` may transform the staged files first
+        (e.g. encrypt an export) before the size and metadata are recorded."""
         target = self.checkpoint_dir(path)
         with self._lock:
             if target.exists() and not overwrite:
@@ -211,6 +217,8 @@ class CheckpointStore:
             )
             if optimizer_state is not None:
                 torch.save(optimizer_state, staging / "optimizer.pt")
+            if prepare is not None:
+                prepare(staging)
             size = sum(f.stat().st_size for f in staging.iterdir())
             record = {
                 "checkpoint_id": f"{path.kind}/{path.name}",
@@ -239,6 +247,8 @@ class CheckpointStore:
         directory = self.checkpoint_dir(path)
         if not (directory / "checkpoint.json").exists():
             raise CheckpointError(f"no checkpoint at {path}")
+        if path.kind not in LOADABLE_KINDS:
+            raise CheckpointError(f"{path} is an export for download; load a weights/ checkpoint")
         config = json.loads((directory / "adapter_config.json").read_text())
         tensors = load_file(str(directory / "adapter_model.safetensors"), device=str(device))
         adapter = adapter_from_tensors(spec_from_peft(config), tensors)
