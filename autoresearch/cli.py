@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
 
     config = TrialConfig.from_file(args.config)
     out = Path(args.out or Path("runs") / f"{config.name}-{config.fingerprint()}")
-    progress = TrialProgress(config.sft.steps + config.rl.steps, config.name)
+    progress = TrialProgress(config, config.name)
     try:
         with server_url(args.server_url, out / "server-data") as url:
             result = run_trial(config, out, url, _api_key(), progress)
@@ -71,32 +72,73 @@ def cmd_trial(args: argparse.Namespace) -> int:
     return 0
 
 
-def _study_logging() -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-    for name in ("autoresearch.study.runner", "autoresearch.study.executors.kubernetes"):
+class _ProgressLogHandler(logging.Handler):
+    """Study log lines printed through the progress display, so they never tear its bars."""
+
+    def __init__(self, display) -> None:
+        super().__init__()
+        self.display = display
+        self.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.display.write(self.format(record))
+
+
+def _study_logging(display) -> None:
+    handler = _ProgressLogHandler(display)
+    for name in ("autoresearch.study.runner", "autoresearch.study.executors.kubernetes",
+                 "autoresearch.study.warmup"):
         logger = logging.getLogger(name)
         logger.setLevel(logging.INFO)
         logger.addHandler(handler)
         logger.propagate = False
 
 
-def _run_unattended(start) -> int:
-    """Run a study; on SIGTERM or Ctrl-C stop at once (the journal allows a resume)."""
+def _quiet_after_stop(signum, frame) -> None:  # noqa: ARG001
+    """The first Ctrl-C or SIGTERM stops the study; what follows is its consequence, not news:
+    a second signal is ignored and threads that trip over the shutdown stay silent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.excepthook = lambda args: None
+    logging.disable(logging.CRITICAL)
+    raise KeyboardInterrupt
 
-    def stop(signum, frame):  # noqa: ARG001
-        raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, stop)
-    _study_logging()
+def _interrupted_line(directory: Path) -> str:
+    """One line: where the unfinished trials stopped and how to go on."""
+    from autoresearch.rl.progress import where
+    from autoresearch.ui.snapshot import read_snapshot
+
+    snapshot = read_snapshot(directory)
+    stopped = [] if snapshot is None else [
+        f"{t['id']} stopped in {where(t.get('progress'))}" for t in snapshot.trials
+        if t["status"] == "stopped" and (t.get("progress") or {}).get("interrupted")]
+    detail = f": {'; '.join(stopped)}" if stopped else ""
+    return f"study interrupted{detail}; continue it with `autoresearch resume {directory}`"
+
+
+def _run_unattended(start, directory: Path) -> int:
+    """Run a study with a progress line per trial; on SIGTERM or Ctrl-C stop at once with one
+    line (the journal marks the study interrupted and allows a resume)."""
+    from autoresearch.rl.progress import StudyProgress
+
+    display = StudyProgress()
+    signal.signal(signal.SIGTERM, _quiet_after_stop)
+    signal.signal(signal.SIGINT, _quiet_after_stop)
+    _study_logging(display)
     try:
-        outcome = start()
+        outcome = start(display)
     except KeyboardInterrupt:
-        print("study interrupted; continue it with `autoresearch resume <dir>`", file=sys.stderr,
-              flush=True)
-        # Trial threads are mid-request: leave without waiting for them. Everything done so
+        display.close()
+        try:
+            line = _interrupted_line(directory)
+        except Exception:  # noqa: BLE001 - the line must come out whatever the journal says
+            line = f"study interrupted; continue it with `autoresearch resume {directory}`"
+        print(line, file=sys.stderr, flush=True)
+        # Trial threads may be mid-request: leave without waiting for them. Everything done so
         # far is in the journal and the trial records.
         os._exit(130)
+    display.close()
     print(f"journal: {outcome.journal}")
     if outcome.report is not None:
         print(f"report: {outcome.report}\n")
@@ -109,15 +151,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     from autoresearch.study.spec import Study
 
     study = Study.from_file(args.study)
-    _clear_control(args.out or study.directory())
-    return _run_unattended(lambda: run_study(study, args.out))
+    directory = Path(args.out or study.directory())
+    _clear_control(directory)
+    return _run_unattended(lambda display: run_study(study, args.out, progress=display),
+                           directory)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from autoresearch.study.runner import resume_study
 
     _clear_control(args.directory)
-    return _run_unattended(lambda: resume_study(args.directory))
+    return _run_unattended(lambda display: resume_study(args.directory, progress=display),
+                           Path(args.directory))
 
 
 def _clear_control(directory: Path) -> None:

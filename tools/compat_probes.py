@@ -18,6 +18,8 @@ import inspect
 import itertools
 import logging
 import math
+import os
+import typing
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -58,26 +60,14 @@ _CONSOLE = (
     "(the URL is built on the client and never reaches the server)."
 )
 _BILLING = "Billing and pricing belong to the hosted service; the server meters nothing."
-_EXTERNAL = (
-    "Exports to an object store with signed download URLs. Every checkpoint here is "
-    "already a PEFT adapter directory on the server's disk "
-    "(`<data-dir>/runs/<run>/<kind>/<name>`), loadable with `peft` as is."
-)
-
 UNSUPPORTED: dict[tuple[str, str], str] = {
     ("ServiceClient", "get_console_url"): _CONSOLE,
     ("TrainingClient", "get_console_url"): _CONSOLE,
-    ("TrainingClient", "save_weights_external"): _EXTERNAL,
-    ("RestClient", "get_external_weights_urls"): _EXTERNAL,
     ("RestClient", "assign_session_project"): (
         "Projects are not modelled: each API key owns its sessions, runs and checkpoints."
     ),
     ("RestClient", "export_session_trace"): (
         "Perfetto timeline exports are built by the hosted service and served from signed URLs."
-    ),
-    ("RestClient", "search_sessions"): (
-        "Organization-wide search over projects, owners and statuses; `list_sessions` and "
-        "`get_session` cover a key's own sessions."
     ),
     ("RestClient", "whoami"): (
         "Decodes identity claims from a JWT; the server authenticates plain API keys "
@@ -435,7 +425,71 @@ def _forward_backward(ws: Workspace, call: Call) -> str:
     expected = -sum(sum(x) for x in lps)
     expect(abs(loss - expected) < 1e-3 * max(1.0, abs(expected)), f"loss:sum {loss} != {expected}")
     expect(max_diff(lps[0], ws.base_logprobs) < EXACT, "logprobs disagree with forward")
-    return "Per-datum logprobs of each datum's length; finite loss:sum = -sum(weights * logprobs)."
+    losses = _rl_losses(ws)
+    return (
+        "Per-datum logprobs of each datum's length; finite loss:sum = -sum(weights * logprobs). "
+        f"Every built-in RL loss ({losses}) equals its closed form on samples taken with "
+        "record_stability_info=True (stable_reinforce through provenance spans)."
+    )
+
+
+def _rl_losses(ws: Workspace) -> str:
+    """Every built-in RL loss the SDK names, on two sequences sampled from the untrained run's
+    own snapshot (so every importance ratio is 1): each loss must equal its closed form."""
+    sampler = ws.scratch.save_weights_and_get_sampling_client(record_stability_info=True).result()
+    params = tinker.SamplingParams(max_tokens=4, temperature=1.0, seed=5, stop=[])
+    seqs = sampler.sample(tinker.ModelInput.from_ints(PROMPT[:4]), 2, params).result().sequences
+    data, expected_is, expected_lp = [], 0.0, 0.0
+    for seq, advantage in zip(seqs, (1.0, -0.5), strict=True):
+        n_prompt, n = 4, len(seq.tokens)
+        pad = n_prompt - 1
+        inputs = {
+            "target_tokens": [0] * pad + list(seq.tokens),
+            "logprobs": [0.0] * pad + [float(x) for x in seq.logprobs],
+            "advantages": [0.0] * pad + [advantage] * n,
+            "sequence_ratio_mask": [0.0] * pad + [1.0] * n,
+        }
+        sid = seq.sequence_id
+        data.append(
+            tinker.Datum(
+                model_input=tinker.ModelInput.from_ints(PROMPT[:4] + list(seq.tokens[:-1])),
+                loss_fn_inputs=inputs,
+            ).with_provenance(
+                model_input=[tinker.PromptProvenanceSpan(sequence_id=sid, length=n_prompt),
+                             tinker.SampledProvenanceSpan(sequence_id=sid, length=n - 1)],
+                loss_fn_inputs=[
+                    tinker.PromptProvenanceSpan(sequence_id=sid, offset=1, length=pad),
+                    tinker.SampledProvenanceSpan(sequence_id=sid, length=n),
+                ],
+            )
+        )
+        expected_is -= advantage * n
+        expected_lp -= advantage * sum(float(x) for x in seq.logprobs)
+    closed_form = {
+        "importance_sampling": expected_is,
+        "ppo": expected_is,
+        "gspo": expected_is,
+        "cispo": expected_lp,
+        "dro": expected_lp,
+        "stable_reinforce": expected_lp,
+    }
+    config = {"dro": {"beta": 0.05}}
+    for loss_fn in typing.get_args(tinker.types.LossFnType):
+        if loss_fn in ("cross_entropy", "custom"):
+            continue  # cross_entropy is checked above; custom losses have their own method
+        expect(loss_fn in closed_form, f"no closed form for the SDK's loss {loss_fn!r}")
+        out = ws.scratch.forward(data, loss_fn, config.get(loss_fn)).result()
+        loss = out.metrics.get("loss:sum")
+        want = closed_form[loss_fn]
+        if loss_fn == "dro":  # its quadratic term counts at every position, prompt included
+            for d, lps in zip(data, logprobs_of(out), strict=True):
+                q = d.loss_fn_inputs["logprobs"].tolist()
+                want += 0.5 * 0.05 * sum((lp - s) ** 2 for lp, s in zip(lps, q, strict=True))
+        expect(
+            loss is not None and abs(loss - want) < 1e-2 * max(1.0, abs(want)),
+            f"{loss_fn}: loss:sum {loss} != {want}",
+        )
+    return ", ".join(closed_form)
 
 
 @probe("TrainingClient", "forward_backward_custom")
@@ -539,6 +593,18 @@ def _load_state_with_optimizer(ws: Workspace, call: Call) -> str:
     )
 
 
+@probe("TrainingClient", "save_weights_external")
+def _save_weights_external(ws: Workspace, call: Call) -> str:
+    name = ws.name(f"export-{call.tag}")
+    path = call(ws.trained, name, ttl_seconds=3600).path
+    run_id = ws.trained.get_info().model_id
+    expect(path == f"tinker://{run_id}/external_weights/{name}", f"unexpected path {path}")
+    ckpt = checkpoint(ws.rest, path)
+    expect(ckpt is not None and ckpt.checkpoint_type == "external", "not listed as external")
+    expect(ckpt.expires_at is not None, "ttl_seconds was not recorded")
+    return "Returns tinker://<run>/external_weights/<name>, listed as an external checkpoint."
+
+
 @probe("TrainingClient", "get_info")
 def _get_info(ws: Workspace, call: Call) -> str:
     info = call(ws.trained)
@@ -617,16 +683,20 @@ def _get_base_model(ws: Workspace, call: Call) -> str:
 
 @probe("SamplingClient", "get_tokenizer")
 def _sampler_tokenizer(ws: Workspace, call: Call) -> str:
-    try:
-        tokenizer = call(ws.base_sampler)
-    except OSError as exc:
-        raise CheckFailed(
-            "the SDK loads this tokenizer by base-model name alone (a SamplingClient has no "
-            f"tokenizer_id), so {ws.base_model!r} must be a local directory or reachable on the "
-            f"Hugging Face Hub; use TrainingClient.get_tokenizer instead ({exc.__class__.__name__})"
-        ) from None
-    _check_tokenizer(tokenizer)
-    return "Loads by base-model name (a local directory here) and round-trips text."
+    """The SDK loads this tokenizer by base-model name alone (a SamplingClient has no
+    tokenizer_id). A Hub id is first installed from the server into the Hugging Face cache,
+    as docs/cookbook.md tells clients to."""
+    how = "by base-model name (a local directory here)"
+    if ws.base_model.count("/") == 1 and not os.path.exists(ws.base_model):
+        from server.entrypoints.install_tokenizer import install_tokenizer
+
+        install_tokenizer(ws.url, ws.api_key)
+        how = (
+            f"by Hub id ({ws.base_model}) after `autoresearch-install-tokenizer` installed "
+            "the server's tokenizer into the Hugging Face cache"
+        )
+    _check_tokenizer(call(ws.base_sampler))
+    return f"Loads {how} and round-trips text."
 
 
 @probe("SamplingClient", "create")
@@ -785,6 +855,29 @@ def _get_session(ws: Workspace, call: Call) -> str:
     return "The session's training runs and samplers."
 
 
+@probe("RestClient", "search_sessions")
+def _search_sessions(ws: Workspace, call: Call) -> str:
+    from tinker.types import ClientFinishedSessionStatusQuery, SessionSearchRequest
+
+    mine = ws.session_id
+    found = call(ws.rest, SessionSearchRequest(session_id=mine))
+    expect([s.session_id for s in found.sessions] == [mine], "the exact session id did not match")
+    expect(found.sessions[0].checkpoints_count >= 1, "checkpoints of the session not counted")
+    finished = call(ws.rest, SessionSearchRequest(
+        session_id=mine, statuses=[ClientFinishedSessionStatusQuery()]))
+    expect(not finished.sessions, "a running session matched a finished-status filter")
+    page = call(ws.rest, SessionSearchRequest(limit=1))
+    expect(len(page.sessions) == 1, f"{len(page.sessions)} sessions for limit=1")
+    if page.next_cursor is not None:
+        more = call(ws.rest, SessionSearchRequest(limit=1, cursor=page.next_cursor))
+        expect(all(s.session_id != page.sessions[0].session_id for s in more.sessions),
+               "the next page repeats the first")
+    return (
+        "The key's own sessions (there are no projects or organisations): exact id, status "
+        "filter, newest first, paging by cursor, checkpoints counted."
+    )
+
+
 @probe("RestClient", "get_sampler")
 def _get_sampler(ws: Workspace, call: Call) -> str:
     ws.svc.create_sampling_client(model_path=ws.trained_sampler_path).result()
@@ -850,6 +943,34 @@ def _rest_copy(ws: Workspace, call: Call) -> str:
     return (
         "Copies a sampler checkpoint into a new run of the caller's (projects are not "
         "modelled); a sampler on the copy serves the same weights."
+    )
+
+
+@probe("RestClient", "get_external_weights_urls")
+def _external_urls(ws: Workspace, call: Call) -> str:
+    import httpx
+    from safetensors.numpy import load as load_safetensors
+
+    path = ws.trained.save_weights_external(ws.name(f"urls-{call.tag}")).result().path
+    answer = call(ws.rest, path)
+    expect(
+        set(answer.urls) == {"adapter_config.json", "adapter_model.safetensors"},
+        f"files {sorted(answer.urls)}",
+    )
+    expect(answer.expires > dt.datetime.now(dt.UTC), f"URLs expire in the past ({answer.expires})")
+    files = {}
+    for name, url in answer.urls.items():
+        response = httpx.get(url, timeout=ws.timeout)  # no API key: the URL is the credential
+        expect(response.status_code == 200, f"GET {name}: HTTP {response.status_code}")
+        files[name] = response.content
+    tensors = load_safetensors(files["adapter_model.safetensors"])
+    expect(any(".lora_A." in k for k in tensors), "the download holds no LoRA tensors")
+    marker = "/api/v1/external_weights/"
+    tampered = answer.urls["adapter_config.json"].replace(marker, marker + "x")
+    expect(httpx.get(tampered, timeout=ws.timeout).status_code >= 400, "a tampered URL worked")
+    return (
+        "One signed URL per file of the PEFT adapter, fetched without a key; the files load "
+        "(LoRA tensors present) and a tampered URL is refused."
     )
 
 

@@ -2,7 +2,8 @@
 
 Reports execution accuracy with a 95% Wilson interval, accuracy per difficulty tier, parse and
 execution rates, and the mean reward with its components. The per-task verdicts are kept so two
-evaluations on the same tasks can be compared with a paired interval.
+evaluations on the same tasks can be compared with a paired interval, and a few samples
+(failures first, with their outcome and error) so a researcher can see what went wrong.
 """
 
 from __future__ import annotations
@@ -91,16 +92,21 @@ def summarise(
     for r in results:
         for name, value in r.components.as_dict().items():
             components[name] += value / n
+    # Failures first: they are what a researcher reads before changing the reward.
+    triples = list(zip(tasks, results, completions))
+    triples = [x for x in triples if not x[1].correct] + [x for x in triples if x[1].correct]
     samples = [
         {
             "task": t.id,
+            "tier": t.tier,
             "question": t.question,
             "completion": c,
             "sql": r.sql,
             "correct": r.correct,
-            "outcome": r.outcome,
+            "outcome": r.outcome if r.correct or r.outcome != "ok" else "wrong_result",
+            "error": (r.error or "")[:300] or None,
         }
-        for t, r, c in list(zip(tasks, results, completions))[:keep_samples]
+        for t, r, c in triples[:keep_samples]
     ]
     return EvalResult(
         split=split,

@@ -1,18 +1,39 @@
-"""Confidence intervals for accuracies and differences of accuracies.
+"""Confidence intervals and tests for accuracies and paired differences of accuracies.
 
-Execution accuracy is a binomial proportion: the Wilson score interval is used because it stays
-inside [0, 1] and behaves at small n or near 0 and 1, where the normal interval does not. Two
-trials evaluated on the same tasks are compared with a paired interval on the per-task
-differences, which is much tighter than comparing two independent intervals.
+Execution accuracy is a binomial proportion: its interval is Wilson's score interval (it stays
+inside [0, 1] and behaves at small n or near 0 and 1, where the normal interval does not).
+
+Two configs scored on the same tasks are compared pairwise. Only the discordant tasks carry
+information: `wins` (only the candidate is right) and `losses` (only the incumbent is right).
+
+- Test: under "no difference" each discordant task is a fair coin, so wins ~ Binomial(wins +
+  losses, 1/2): the exact McNemar test. 4 wins and 0 losses out of 64 give a two-sided p of
+  0.125, although a normal interval on the 64 differences excludes zero.
+- Interval: Newcombe's hybrid score interval for paired proportions (his 1998 "method 10",
+  built from two Wilson intervals and the correlation of the pair); unlike the normal interval
+  it does not collapse to zero width when wins or losses are 0.
+- Several seeds: each task's outcome is averaged over the seeds first and the tasks stay the
+  unit of comparison; pooling (seed, task) pairs as if they were new tasks narrows the interval
+  without any new information about new tasks. The test is then the exact sign-flip
+  (permutation) test of the per-task mean differences, which for one seed is exactly the exact
+  McNemar test; the interval is a bootstrap over tasks.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from scipy.stats import binomtest, bootstrap
+from statsmodels.stats.proportion import proportion_confint
 
 Z95 = 1.959963984540054
+
+Outcomes = Mapping[str, bool]
+"""Task id -> whether one run of a config got that task right."""
 
 
 @dataclass(frozen=True)
@@ -29,29 +50,181 @@ class Estimate:
         return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}] (n={self.n})"
 
 
+def _alpha(z: float) -> float:
+    return 2 * (1 - 0.5 * (1 + math.erf(z / math.sqrt(2))))
+
+
 def wilson(successes: int, n: int, z: float = Z95) -> Estimate:
+    """Wilson score interval (statsmodels), exact 0 and 1 at the edges."""
     if n <= 0:
         return Estimate(0.0, 0.0, 1.0, 0)
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    low = 0.0 if successes == 0 else max(0.0, centre - half)  # exact at the edges, where
-    high = 1.0 if successes == n else min(1.0, centre + half)  # rounding would leave 1e-17
-    return Estimate(p, low, high, n)
+    low, high = proportion_confint(successes, n, alpha=_alpha(z), method="wilson")
+    low = 0.0 if successes == 0 else max(0.0, float(low))  # rounding would leave 1e-17
+    high = 1.0 if successes == n else min(1.0, float(high))
+    return Estimate(successes / n, low, high, n)
 
 
-def paired_difference(a: Sequence[float], b: Sequence[float], z: float = Z95) -> Estimate:
-    """Mean of a - b over paired items with a normal-approximation interval."""
-    if len(a) != len(b):
-        raise ValueError("paired samples must have the same length")
-    n = len(a)
+@dataclass(frozen=True)
+class PairedTable:
+    """Counts of a paired 2x2 table: both right, only a right, only b right, both wrong."""
+
+    both: int
+    only_a: int
+    only_b: int
+    neither: int
+
+    @property
+    def n(self) -> int:
+        return self.both + self.only_a + self.only_b + self.neither
+
+    @classmethod
+    def of(cls, a: Sequence[float], b: Sequence[float]) -> PairedTable:
+        if len(a) != len(b):
+            raise ValueError("paired samples must have the same length")
+        if any(x not in (0, 1) for x in (*a, *b)):
+            raise ValueError("a paired table needs binary (0/1) outcomes")
+        pairs = list(zip(a, b))
+        return cls(pairs.count((1, 1)), pairs.count((1, 0)), pairs.count((0, 1)),
+                   pairs.count((0, 0)))
+
+
+def newcombe_paired(table: PairedTable, alpha: float = 0.05) -> Estimate:
+    """Newcombe's hybrid score interval for p_a - p_b on paired binary data (method 10 of his
+    1998 paper on paired data): Wilson limits of each margin, combined with the estimated
+    correlation of the two proportions (the phi coefficient, shrunk towards 0 by n/2 when
+    positive, as Newcombe specifies)."""
+    n = table.n
     if n == 0:
         return Estimate(0.0, -1.0, 1.0, 0)
-    diffs = [x - y for x, y in zip(a, b)]
-    mean = sum(diffs) / n
-    if n == 1:
-        return Estimate(mean, -1.0, 1.0, 1)
-    var = sum((d - mean) ** 2 for d in diffs) / (n - 1)
-    half = z * math.sqrt(var / n)
-    return Estimate(mean, mean - half, mean + half, n)
+    a_right, b_right = table.both + table.only_a, table.both + table.only_b
+    p_a, p_b = a_right / n, b_right / n
+    la, ua = proportion_confint(a_right, n, alpha=alpha, method="wilson")
+    lb, ub = proportion_confint(b_right, n, alpha=alpha, method="wilson")
+    margins = [a_right, n - a_right, b_right, n - b_right]
+    phi = 0.0
+    if all(margins):
+        cross = table.both * table.neither - table.only_a * table.only_b
+        if cross > n / 2:
+            cross -= n / 2
+        elif cross > 0:
+            cross = 0
+        phi = cross / math.sqrt(math.prod(margins))
+    diff = p_a - p_b
+    below = math.sqrt(max(0.0, (p_a - la) ** 2 - 2 * phi * (p_a - la) * (ub - p_b)
+                          + (ub - p_b) ** 2))
+    above = math.sqrt(max(0.0, (ua - p_a) ** 2 - 2 * phi * (ua - p_a) * (p_b - lb)
+                          + (p_b - lb) ** 2))
+    return Estimate(diff, max(-1.0, diff - below), min(1.0, diff + above), n)
+
+
+def mcnemar_exact(wins: int, losses: int,
+                  alternative: Literal["two-sided", "greater"] = "two-sided") -> float:
+    """Exact McNemar p-value: wins ~ Binomial(wins + losses, 1/2) under no difference."""
+    if wins + losses == 0:
+        return 1.0
+    return float(binomtest(wins, wins + losses, 0.5, alternative=alternative).pvalue)
+
+
+def seed_means(runs: Sequence[Outcomes]) -> dict[str, float]:
+    """Each task's outcome averaged over the runs (seeds) of one config, on the tasks every run
+    was scored on: several seeds make a task's outcome less noisy, never more tasks."""
+    if not runs:
+        raise ValueError("seed_means needs at least one run")
+    shared = set(runs[0]).intersection(*runs[1:])
+    return {task: sum(float(r[task]) for r in runs) / len(runs) for task in sorted(shared)}
+
+
+def sign_flip_p(differences: Sequence[float], seeds: int) -> float:
+    """Exact one-sided p of the sign-flip test: P(sum of randomly signed |d_i| >= sum of d_i).
+
+    With `seeds` runs per side the per-task differences are multiples of 1/seeds, so the null
+    distribution is the convolution of small integer steps, computed exactly. For one seed
+    this is the exact McNemar test."""
+    steps = [round(abs(d) * seeds) for d in differences]
+    observed = round(sum(d * seeds for d in differences))
+    total = sum(steps)
+    if total == 0:
+        return 1.0
+    dist = np.zeros(2 * total + 1)  # index = sum + total
+    dist[total] = 1.0
+    for s in steps:
+        if s:
+            dist = 0.5 * (np.roll(dist, s) + np.roll(dist, -s))
+    return float(min(1.0, dist[observed + total:].sum()))
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    """A paired comparison of a candidate with an incumbent on the same tasks."""
+
+    difference: Estimate
+    """Mean over tasks of candidate - incumbent (per-task means over seeds), with its interval."""
+    wins: float
+    """Tasks only the candidate got right (with several seeds: the sum of positive per-task
+    differences)."""
+    losses: float
+    p_value: float
+    """One-sided exact p of "the candidate is no better" (McNemar / sign-flip)."""
+    seeds: int
+
+    def as_dict(self) -> dict[str, float]:
+        return {**self.difference.as_dict(), "wins": self.wins, "losses": self.losses,
+                "p_value": self.p_value, "seeds": self.seeds}
+
+
+def _as_runs(outcomes: Outcomes | Sequence[Outcomes]) -> list[Outcomes]:
+    return [outcomes] if isinstance(outcomes, Mapping) else list(outcomes)
+
+
+def paired_exact_test(candidate: Outcomes | Sequence[Outcomes],
+                      incumbent: Outcomes | Sequence[Outcomes],
+                      alpha: float = 0.05, bootstrap_seed: int = 0) -> PairedTest:
+    """Compare one or several runs (seeds) of a candidate with those of an incumbent.
+
+    Per task, each side's outcomes are averaged over its runs; the tasks both sides were scored
+    on are compared pairwise. One run each: exact McNemar and Newcombe's interval. Several:
+    the exact sign-flip test and a bootstrap over tasks (BCa, fixed seed so a decision is
+    reproducible) unless the seeds agree on every task. The interval's level is 1 - alpha
+    (two-sided); the decision rests on the exact p-value."""
+    cand_runs, inc_runs = _as_runs(candidate), _as_runs(incumbent)
+    cand, inc = seed_means(cand_runs), seed_means(inc_runs)
+    tasks = sorted(set(cand) & set(inc))
+    x = np.array([cand[t] for t in tasks])
+    y = np.array([inc[t] for t in tasks])
+    d = x - y
+    step = math.lcm(len(cand_runs), len(inc_runs))  # differences are multiples of 1/step
+    return PairedTest(paired_difference(x.tolist(), y.tolist(), alpha, bootstrap_seed),
+                      float(d[d > 0].sum()), float(abs(d[d < 0].sum())),
+                      sign_flip_p(d.tolist(), step), max(len(cand_runs), len(inc_runs)))
+
+
+def paired_bootstrap(a: Sequence[float], b: Sequence[float], alpha: float = 0.05,
+                     seed: int = 0, resamples: int = 1999) -> Estimate:
+    """Mean of a - b with a bootstrap interval that resamples tasks (scipy, BCa)."""
+    if len(a) != len(b):
+        raise ValueError("paired samples must have the same length")
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    n = len(d)
+    if n == 0:
+        return Estimate(0.0, -1.0, 1.0, 0)
+    mean = float(d.mean())
+    if n == 1 or np.all(d == d[0]):
+        return Estimate(mean, mean if np.all(d == d[0]) and n > 1 else -1.0,
+                        mean if np.all(d == d[0]) and n > 1 else 1.0, n)
+    res = bootstrap((d,), np.mean, confidence_level=1 - alpha, n_resamples=resamples,
+                    method="BCa", rng=np.random.default_rng(seed))
+    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if not (math.isfinite(low) and math.isfinite(high)):
+        low, high = float(np.quantile(d, alpha / 2)), float(np.quantile(d, 1 - alpha / 2))
+    return Estimate(mean, max(-1.0, low), min(1.0, high), n)
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], alpha: float = 0.05,
+                      bootstrap_seed: int = 0) -> Estimate:
+    """Mean of a - b over paired tasks: Newcombe's interval when every per-task outcome is 0 or
+    1 (one seed, or seeds that agree), else a bootstrap over tasks (per-task seed means)."""
+    if len(a) != len(b):
+        raise ValueError("paired samples must have the same length")
+    if all(v in (0, 1) for v in (*a, *b)):
+        return newcombe_paired(PairedTable.of(list(a), list(b)), alpha)
+    return paired_bootstrap(a, b, alpha, bootstrap_seed)

@@ -94,11 +94,20 @@ class RLConfig(_Strict):
 class EvalConfig(_Strict):
     every: int = Field(10, ge=0, le=100_000)
     """Evaluate on the dev split every this many RL steps (0: only at the end)."""
-    dev_tasks: int = Field(64, ge=1, le=100_000)
+    dev_tasks: int = Field(64, ge=0, le=100_000)
+    """The fixed dev subset every trial is scored on (0: no dev evaluation)."""
     test_tasks: int = Field(200, ge=0, le=100_000)
+    """Test tasks a standalone trial scores at its end. In a study, trials read dev only and
+    this sizes the study's single final test check (best against the base config)."""
     max_tokens: int = Field(96, ge=1, le=4096)
     baseline: bool = False
     """Also evaluate the untrained model on the test split (for reporting gains)."""
+    start: bool = False
+    """Also evaluate on the dev split before any training: the starting point (the base model,
+    or the `init_checkpoint`), paired task by task with the final dev score."""
+    every_tasks: int | None = Field(None, ge=1, le=100_000)
+    """Evaluations during training use only the first this many of the fixed dev tasks (a
+    cheaper, still fixed, subset: what pruning reads); default: all of them."""
 
 
 class TrialConfig(_Strict):
@@ -125,8 +134,9 @@ class TrialConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrialConfig:
-        if self.sft.steps == 0 and self.rl.steps == 0:
-            raise ValueError("a trial needs SFT steps, RL steps, or both")
+        if self.sft.steps == 0 and self.rl.steps == 0 and not self.init_checkpoint:
+            raise ValueError("a trial needs SFT steps, RL steps, or both (or an init_checkpoint "
+                             "to evaluate)")
         if self.eval.every and self.rl.steps and self.eval.every > self.rl.steps:
             raise ValueError(
                 f"eval.every={self.eval.every} exceeds rl.steps={self.rl.steps}: "

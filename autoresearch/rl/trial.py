@@ -105,6 +105,42 @@ def rl_datum(
     )
 
 
+def behaviour_logprobs(
+    sampler: tinker.SamplingClient,
+    prompts: list[list[int]],
+    groups: list[list[Any]],
+    temperature: float,
+) -> list[list[list[float]]]:
+    """Per sample, the logprobs of its tokens under the sampling weights at temperature 1.
+
+    The sampler reports log_softmax(logits / T) of the tokens it drew, while the trainer scores
+    at T = 1. Importance ratios, PPO's clip, the KL penalty and the sampler-trainer KL must
+    compare one distribution, so the old-policy logprobs are the T = 1 ones: equal to what the
+    sampler reported when T = 1, recomputed (one scoring pass per sample, all submitted at
+    once) otherwise. The temperature then only shapes which samples are drawn (exploration).
+    """
+    if temperature == 1.0:
+        return [[[float(x) for x in seq.logprobs] for seq in group] for group in groups]
+    futures = [
+        [
+            sampler.compute_logprobs(types.ModelInput.from_ints(prompt + list(seq.tokens)))
+            if seq.tokens
+            else None
+            for seq in group
+        ]
+        for prompt, group in zip(prompts, groups)
+    ]
+    out = []
+    for prompt, group_futures in zip(prompts, futures):
+        out.append(
+            [
+                [float(x) for x in f.result()[len(prompt) :]] if f is not None else []
+                for f in group_futures
+            ]
+        )
+    return out
+
+
 class Trial:
     """Runs (or resumes) one trial into `directory`; `run()` returns its result."""
 
@@ -210,6 +246,9 @@ class Trial:
         if resume is None and c.eval.baseline:
             base = service.create_sampling_client(base_model=c.base_model).result()
             self._eval(base, tokenizer, test, "test", stage="base")
+        if resume is None and c.eval.start:
+            start = training.save_weights_and_get_sampling_client().result()
+            self._eval(start, tokenizer, dev, "dev", stage="start", step=0)
         sft_start = 0 if resume is None else (resume.step if resume.phase == "sft" else c.sft.steps)
         for step in range(sft_start, c.sft.steps):
             tokens += self._sft_step(training, tokenizer, train, step)
@@ -219,7 +258,7 @@ class Trial:
             self._eval(sampler, tokenizer, test, "test", stage="sft")
         rl_start = resume.step if resume is not None and resume.phase == "rl" else 0
         reference = None
-        if c.rl.kl_coef > 0:
+        if c.rl.kl_coef > 0 and c.rl.steps:
             reference = service.create_sampling_client(base_model=c.base_model).result()
         for step in range(rl_start, c.rl.steps):
             if c.rl.max_train_tokens is not None and tokens >= c.rl.max_train_tokens:
@@ -231,9 +270,12 @@ class Trial:
             self._maybe_checkpoint(training, "rl", step + 1, c.rl.steps, tokens)
             if c.eval.every and (step + 1) % c.eval.every == 0 and step + 1 < c.rl.steps:
                 sampler = training.save_weights_and_get_sampling_client().result()
-                self._eval(sampler, tokenizer, dev, "dev", stage=f"rl-{step + 1}")
+                subset = dev[: c.eval.every_tasks] if c.eval.every_tasks else dev
+                self._eval(sampler, tokenizer, subset, "dev", stage=f"rl-{step + 1}",
+                           step=step + 1)
         sampler = training.save_weights_and_get_sampling_client().result()
-        final_dev = self._eval(sampler, tokenizer, dev, "dev", stage="final")
+        final_dev = (self._eval(sampler, tokenizer, dev, "dev", stage="final", step=c.rl.steps)
+                     if dev else None)
         final_test = self._eval(sampler, tokenizer, test, "test", stage="final") if test else None
         checkpoint = training.save_state("final").result().path
         entries = self.record.entries()
@@ -241,7 +283,7 @@ class Trial:
         elapsed = time.time() - min(first, started)  # wall time since the trial first started
         entry = self.record.append(
             "final",
-            dev=final_dev.summary(),
+            dev=final_dev.summary() if final_dev else None,
             test=final_test.summary() if final_test else None,
             steps=c.sft.steps + c.rl.steps,
             tokens=tokens,
@@ -249,7 +291,9 @@ class Trial:
             checkpoint=checkpoint,
             model_id=training.model_id,
         )
-        self.progress({"phase": "done", "dev_accuracy": final_dev.accuracy.value})
+        self.progress(
+            {"phase": "done", "dev_accuracy": final_dev.accuracy.value if final_dev else None}
+        )
         return self._result(entry)
 
     def _from_init_checkpoint(self, service: tinker.ServiceClient) -> tinker.TrainingClient:
@@ -366,6 +410,9 @@ class Trial:
         t1 = time.time()
         scores: list[list[ScoreResult]] = [[f.result() for f in fs] for fs in score_futures]
         timings["score_wait_s"] = time.time() - t1
+        t_behaviour = time.time()
+        behaviour = behaviour_logprobs(sampler, prompts, groups, rl.temperature)
+        timings["behaviour_s"] = time.time() - t_behaviour
         used = [
             not (rl.drop_constant_groups and is_constant([r.total for r in results]))
             for results in scores
@@ -375,20 +422,22 @@ class Trial:
         if reference is not None:
             timings["reference_s"] = time.time() - t_ref
         datums, sampled_lps, used_groups, dropped = [], [], 0, 0
-        for g, (prompt, sequences, results) in enumerate(zip(prompts, groups, scores)):
+        for g, (prompt, sequences, results, seq_lps) in enumerate(
+            zip(prompts, groups, scores, behaviour)
+        ):
             rewards = [r.total for r in results]
             if not used[g]:
                 dropped += 1
                 continue
             used_groups += 1
             advantages = group_advantages(rewards, rl.advantage)
-            for k, (seq, adv) in enumerate(zip(sequences, advantages)):
+            for k, (seq, adv, lps_old) in enumerate(zip(sequences, advantages, seq_lps)):
                 if not seq.tokens:
                     continue
                 ref_lp = reference_lps.get((g, k))
-                per_token = token_advantages(float(adv), seq.logprobs, ref_lp, rl.kl_coef)
-                datums.append(rl_datum(prompt, list(seq.tokens), list(seq.logprobs), per_token))
-                sampled_lps.append(list(seq.logprobs))
+                per_token = token_advantages(float(adv), lps_old, ref_lp, rl.kl_coef)
+                datums.append(rl_datum(prompt, list(seq.tokens), lps_old, per_token))
+                sampled_lps.append(lps_old)
         t2 = time.time()
         metrics: dict[str, Any] = {}
         if datums:
@@ -476,8 +525,14 @@ class Trial:
         tasks: list[Task],
         split: str,
         stage: str,
+        step: int | None = None,
     ) -> EvalResult:
+        """`step`: RL steps done when the weights were evaluated (what pruning compares at)."""
         started = time.time()
+        self.progress(
+            {"type": "eval_start", "phase": "eval", "stage": stage, "split": split,
+             "tasks": len(tasks)}
+        )
         result = evaluate(
             sampler,
             tokenizer,
@@ -489,13 +544,16 @@ class Trial:
             self.config.eval.max_tokens,
         )
         entry = self.record.append(
-            "eval", stage=stage, seconds=round(time.time() - started, 3), **result.summary()
+            "eval", stage=stage, step=step, seconds=round(time.time() - started, 3),
+            **result.summary()
         )
         self.progress(
             {
                 "phase": "eval",
                 "stage": stage,
                 "split": split,
+                "step": step,
+                "n": result.accuracy.n,
                 "accuracy": result.accuracy.value,
                 **{"type": entry["type"]},
             }

@@ -1,102 +1,131 @@
-"""The keep rule: a trial replaces the best only when the dev data says so beyond seed noise.
+"""The keep rule: a trial replaces the best only when fresh runs confirm it, within an error
+budget for the whole study.
 
-Two trials of a study are scored on the same fixed dev tasks, so they are compared pairwise: per
-task, 1 if a trial's greedy answer executed to the gold result, else 0, and the interval is on the
-mean of the per-task differences (`stats.paired_difference`). After one seed each, a candidate is
+Trials of a study are scored on the same fixed dev tasks, so a candidate is compared pairwise
+with the incumbent (the best so far): per task, right or wrong (`stats.paired_exact_test`).
 
-    discarded  when the difference is zero or negative;
-    kept       when the 95% interval of (candidate - best) lies above zero and the study has no
-               confirmation budget left;
-    confirmed  otherwise: both contenders are re-run with extra seeds and the verdicts of all
-               seeds are pooled (each candidate seed paired with the same seed of the best, per
-               task); kept only if the pooled interval lies above zero and the re-runs on their
-               own also favour the candidate. An inconclusive candidate with no budget left to
-               confirm it is discarded.
+    first look    one seed each. It only selects: a candidate that is ahead with a one-sided
+                  exact McNemar p at most `select_p` is sent to confirmation; every other one
+                  is discarded. Nothing is ever kept on the first look: the look that picked a
+                  candidate out of many is biased upward (the winner's curse).
+    confirmation  both contenders are re-run with fresh seeds (never the first look's). Each
+                  task's outcome is averaged over those seeds, and the candidate is kept when
+                  the exact one-sided sign-flip test of the per-task differences (for one seed,
+                  the exact McNemar test) gives p at most the per-confirmation alpha.
+    error budget  the study's alpha (the chance that it keeps any change that is no better) is
+                  split evenly (Bonferroni) over the most confirmations its budget allows, so it
+                  holds whichever candidates are picked, in whatever order, however the tests
+                  depend on each other.
 
-A significant first look is replicated too when the budget allows: a study keeps the luckiest of
-many candidates, so one seed's "significant" win is weaker evidence than it looks (on seed noise
-alone, one look keeps about 4% of candidates; with the re-runs, about 2%, at the same power).
-Only the dev split is read. Two runs of one config that differ only in their seed must not
-replace each other, and this rule is tested on exactly that case.
+A candidate that needs confirming when no confirmation budget is left is discarded, not kept.
+Only the dev split is read; the test split is read once, for the final best against the base
+config. `bench/bench_keep_rule.py` measures the false-keep rate and the power of this rule.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
-from autoresearch.evaluation.stats import Estimate, paired_difference
+from autoresearch.evaluation.stats import PairedTest, mcnemar_exact, paired_exact_test
 
 Verdicts = Mapping[str, bool]
 """Task id -> whether the trial's answer matched the gold result."""
 
 Action = Literal["keep", "discard", "confirm"]
 
-RULE = (
-    "A candidate replaces the best trial only when the 95% confidence interval of its paired "
-    "dev-accuracy difference (same dev tasks, per-task verdicts) excludes zero. A positive "
-    "difference, significant or not, is first replicated when the study's confirmation budget "
-    "allows: both contenders are re-run with extra seeds, and the candidate is kept only if the "
-    "interval of the pooled per-(seed, task) differences excludes zero and the re-runs alone "
-    "favour it too. Without budget, a significant difference is kept and an inconclusive one "
-    "discarded. The test split is never used to decide; it is read once, to report the final "
-    "best against the baseline."
-)
+
+class ConfirmationBudget(Protocol):
+    """What a study declares about confirmations (`spec.Budget` has these fields)."""
+
+    alpha: float
+    confirm_seeds: int
+    max_confirm_trials: int
 
 
 @dataclass(frozen=True)
-class Comparison:
-    difference: Estimate
-    """Mean of candidate - incumbent over the paired (seed, task) items, with its interval."""
-    seeds: int
-    """Seeds pooled (1: the single-seed comparison)."""
+class ErrorBudget:
+    """The study's chance of keeping a change that is no better, spread over its confirmations."""
+
+    alpha: float = 0.05
+    confirmations: int = 1
+    """The most confirmations the study can run (each needs fresh candidate runs)."""
+
+    @classmethod
+    def for_study(cls, alpha: float, confirm_seeds: int, max_confirm_trials: int) -> ErrorBudget:
+        """The first confirmation re-runs both contenders (2 * confirm_seeds trials); later
+        ones at least the candidate (the best's re-runs are reused, and a kept candidate's
+        confirmation runs are the re-runs of the new best)."""
+        if not confirm_seeds or max_confirm_trials < 2 * confirm_seeds:
+            return cls(alpha, 0)
+        return cls(alpha, 1 + (max_confirm_trials - 2 * confirm_seeds) // confirm_seeds)
 
     @property
-    def significant(self) -> bool:
-        return self.difference.n > 0 and self.difference.low > 0
+    def per_confirmation(self) -> float:
+        return self.alpha / self.confirmations if self.confirmations else 0.0
 
-    def as_dict(self) -> dict[str, float]:
-        return {**self.difference.as_dict(), "seeds": self.seeds}
+    def describe(self) -> str:
+        if not self.confirmations:
+            return (f"Error budget: alpha {self.alpha:g} for the whole study, but no confirmation "
+                    "budget: no change can be kept.")
+        return (f"Error budget: alpha {self.alpha:g} for the whole study (the chance of keeping "
+                f"any change that is no better), split over at most {self.confirmations} "
+                f"confirmation(s): each confirmation keeps its candidate only at one-sided "
+                f"p <= {self.per_confirmation:.4g} (Bonferroni). First looks only select and "
+                "spend none of it.")
+
+
+@dataclass(frozen=True)
+class KeepRule:
+    budget: ErrorBudget = ErrorBudget()
+    select_p: float = 0.2
+    """A first look sends a candidate to confirmation when it is ahead with one-sided exact
+    McNemar p at most this (0.5: ahead at all). Selecting harder spends the confirmation budget
+    on likelier winners (measured by bench/bench_keep_rule.py); it costs no error budget."""
+
+    def first_look(self, candidate: Verdicts, incumbent: Verdicts) -> tuple[Action, PairedTest]:
+        """One seed each: "confirm" (promising) or "discard". Never "keep"."""
+        test = paired_exact_test(candidate, incumbent)
+        promising = test.wins > test.losses and (
+            self.select_p >= 0.5
+            or mcnemar_exact(int(test.wins), int(test.losses), "greater") <= self.select_p)
+        return ("confirm" if promising else "discard"), test
+
+    def confirm(self, candidate_runs: Sequence[Verdicts],
+                incumbent_runs: Sequence[Verdicts]) -> tuple[Action, PairedTest]:
+        """Fresh runs only (the first look is not pooled in): keep or discard."""
+        if not candidate_runs or not incumbent_runs:
+            raise ValueError("a confirmation needs at least one fresh run on each side")
+        alpha = self.budget.per_confirmation
+        test = paired_exact_test(candidate_runs, incumbent_runs, alpha=0.05)
+        keep = alpha > 0 and test.difference.value > 0 and test.p_value <= alpha
+        return ("keep" if keep else "discard"), test
+
+    def describe(self) -> str:
+        return (
+            "The first look (one seed each, paired per dev task) only selects: a candidate "
+            f"ahead of the best (one-sided exact McNemar p <= {self.select_p:g}) is re-run, with "
+            "the best, on fresh seeds. It is kept only if "
+            "those re-runs alone (per-task outcomes averaged over seeds; exact one-sided "
+            "McNemar / sign-flip test) favour it at the per-confirmation alpha. Without "
+            "confirmation budget nothing is kept. " + self.budget.describe() + " Intervals "
+            "are 95%: Newcombe's score interval for one seed, a bootstrap over tasks for "
+            "several. The test split is read once, for the final best against the base config."
+        )
+
+
+def keep_rule_for(budget: ConfirmationBudget) -> KeepRule:
+    """The keep rule of a study, from its declared budget."""
+    return KeepRule(ErrorBudget.for_study(budget.alpha, budget.confirm_seeds,
+                                          budget.max_confirm_trials))
+
+
+RULE = KeepRule().describe()
+"""The rule in words with the default budget (a study states its own in its journal)."""
 
 
 def paired_items(candidate: Verdicts, incumbent: Verdicts) -> tuple[list[float], list[float]]:
     """Per-task outcomes on the tasks both were scored on, in a fixed order."""
     shared = sorted(set(candidate) & set(incumbent))
     return ([float(candidate[t]) for t in shared], [float(incumbent[t]) for t in shared])
-
-
-def compare(candidate_runs: Sequence[Verdicts], incumbent_runs: Sequence[Verdicts]) -> Comparison:
-    """Pooled paired difference; run i of the candidate is paired with run i of the incumbent
-    (same seed), so seed-to-seed variation shows in the interval instead of hiding in it."""
-    if len(candidate_runs) != len(incumbent_runs) or not candidate_runs:
-        raise ValueError("compare needs the same number (at least one) of runs on each side")
-    a: list[float] = []
-    b: list[float] = []
-    for cand, inc in zip(candidate_runs, incumbent_runs):
-        x, y = paired_items(cand, inc)
-        a += x
-        b += y
-    return Comparison(paired_difference(a, b), len(candidate_runs))
-
-
-def first_look(candidate: Verdicts, incumbent: Verdicts) -> tuple[Action, Comparison]:
-    """After one seed each: discard, keep (significant) or confirm (positive, inconclusive).
-    The runner replicates both non-discards when the budget allows."""
-    comparison = compare([candidate], [incumbent])
-    if comparison.significant:
-        return "keep", comparison
-    if comparison.difference.value <= 0:
-        return "discard", comparison
-    return "confirm", comparison
-
-
-def after_confirmation(candidate_runs: Sequence[Verdicts],
-                       incumbent_runs: Sequence[Verdicts]) -> tuple[Action, Comparison]:
-    """Pooled over every seed; the re-runs alone must also favour the candidate, so one lucky
-    first seed cannot carry the pool (the first look is why the re-runs were asked for)."""
-    comparison = compare(candidate_runs, incumbent_runs)
-    replication = (compare(candidate_runs[1:], incumbent_runs[1:])
-                   if len(candidate_runs) > 1 else None)
-    holds = replication is not None and replication.difference.value > 0
-    return ("keep" if comparison.significant and holds else "discard"), comparison

@@ -3,11 +3,15 @@
 Tables
     study      the declaration (as JSON), when it started, its state and current best trial
     trials     every trial ever proposed: config, proposer, rationale, status, scores with
-               95% intervals, cost, checkpoint, the diff of its config against the best
+               95% intervals, cost, checkpoint, the diff of its config against the best, and
+               where it is (`progress`: phase, step of total, last metrics, time left)
     steps      per-step training metrics, copied from each trial's record as it streams
-    evals      every evaluation of every trial (dev during training, dev and test at the end)
+    evals      every evaluation of every trial (dev only; the study's final test check is
+               stored on the best and baseline rows)
     proposals  every call to a proposer: outcome (valid, repaired, fallback), attempts, errors
-    decisions  every keep/discard decision with the paired difference and its interval
+    decisions  every keep/discard decision: the paired difference and its interval, wins and
+               losses, the exact p-value and the alpha it was held to, and what the rule
+               concluded, in words (`decision_text`)
     events     everything else worth a line (crashes, resumes, budget stops)
 
 DuckDB locks a database file per process, so the study never holds a connection open: each
@@ -32,7 +36,9 @@ from typing import Any
 import duckdb
 
 JOURNAL_FILE = "journal.duckdb"
-STATUSES = ("queued", "running", "done", "crashed", "stopped", "discarded", "kept")
+STATUSES = ("queued", "running", "done", "crashed", "stopped", "pruned", "discarded",
+            "kept")
+STUDY_STATES = ("running", "interrupted", "finished", "failed")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS study (
@@ -47,8 +53,9 @@ CREATE TABLE IF NOT EXISTS trials (
     dev_accuracy DOUBLE, dev_low DOUBLE, dev_high DOUBLE, dev_n INTEGER,
     test_accuracy DOUBLE, test_low DOUBLE, test_high DOUBLE, test_n INTEGER,
     dev JSON, test JSON, steps INTEGER, tokens BIGINT, wall_seconds DOUBLE,
-    checkpoint VARCHAR, error VARCHAR, decision JSON
+    checkpoint VARCHAR, error VARCHAR, decision JSON, progress JSON
 );
+ALTER TABLE trials ADD COLUMN IF NOT EXISTS progress JSON;
 CREATE TABLE IF NOT EXISTS steps (
     trial_id VARCHAR, phase VARCHAR, step INTEGER, time DOUBLE, reward_mean DOUBLE,
     accuracy DOUBLE, loss DOUBLE, tokens BIGINT, metrics JSON
@@ -64,21 +71,26 @@ CREATE TABLE IF NOT EXISTS proposals (
 CREATE TABLE IF NOT EXISTS decisions (
     id INTEGER, time DOUBLE, candidate VARCHAR, incumbent VARCHAR, rule VARCHAR,
     difference DOUBLE, low DOUBLE, high DOUBLE, n INTEGER, seeds JSON, verdict VARCHAR,
-    note VARCHAR
+    note VARCHAR, conclusion VARCHAR, wins DOUBLE, losses DOUBLE, p_value DOUBLE, alpha DOUBLE
 );
+ALTER TABLE decisions ADD COLUMN IF NOT EXISTS conclusion VARCHAR;
+ALTER TABLE decisions ADD COLUMN IF NOT EXISTS wins DOUBLE;
+ALTER TABLE decisions ADD COLUMN IF NOT EXISTS losses DOUBLE;
+ALTER TABLE decisions ADD COLUMN IF NOT EXISTS p_value DOUBLE;
+ALTER TABLE decisions ADD COLUMN IF NOT EXISTS alpha DOUBLE;
 CREATE TABLE IF NOT EXISTS events (
     time DOUBLE, trial_id VARCHAR, kind VARCHAR, message VARCHAR, data JSON
 );
 """
 
 JSON_COLUMNS = {"spec", "changes", "config", "diff_vs_best", "dev", "test", "decision", "metrics",
-                "summary", "errors", "trial_ids", "seeds", "data"}
+                "summary", "errors", "trial_ids", "seeds", "data", "progress"}
 TRIAL_COLUMNS = (
     "id", "number", "role", "status", "proposer", "proposal_id", "rationale", "changes", "config",
     "fingerprint", "config_key", "seed", "replicate_of", "best_at_proposal", "diff_vs_best",
     "directory", "created", "started", "finished", "attempts", "dev_accuracy", "dev_low",
     "dev_high", "dev_n", "test_accuracy", "test_low", "test_high", "test_n", "dev", "test",
-    "steps", "tokens", "wall_seconds", "checkpoint", "error", "decision",
+    "steps", "tokens", "wall_seconds", "checkpoint", "error", "decision", "progress",
 )
 STEP_METRICS = ("reward_mean", "accuracy", "loss_per_token", "loss")
 
@@ -275,10 +287,16 @@ class Journal:
 
     # ----------------------------------------------------------- metrics
     def put_steps(self, trial_id: str, entries: Sequence[dict[str, Any]],
-                  replace: bool = False) -> None:
-        """Upsert step entries of a trial record (`replace`: the record is authoritative)."""
+                  replace: bool = False, progress: dict[str, Any] | None = None) -> None:
+        """Upsert step entries of a trial record (`replace`: the record is authoritative), and
+        the trial's progress state with them, in one transaction."""
         with self._connect() as db:
             self._put_steps(db, trial_id, entries, replace)
+            if progress is not None:
+                db.execute("UPDATE trials SET progress = ? WHERE id = ?",
+                           [_encode("progress", progress), trial_id])
+        if progress is not None and self._trials is not None and trial_id in self._trials:
+            self._trials[trial_id]["progress"] = progress
 
     @classmethod
     def _put_steps(cls, db: duckdb.DuckDBPyConnection, trial_id: str,
@@ -297,15 +315,22 @@ class Journal:
                 "metrics": {k: v for k, v in e.items() if k not in ("type", "time")},
             })
 
-    def put_evals(self, trial_id: str, entries: Sequence[dict[str, Any]]) -> None:
+    def put_evals(self, trial_id: str, entries: Sequence[dict[str, Any]],
+                  replace: bool = True) -> None:
+        """Store evaluations of a trial (`replace`: the record is authoritative; else they are
+        added, as evaluations streamed during training are)."""
         with self._connect() as db:
-            self._put_evals(db, trial_id, entries)
+            self._put_evals(db, trial_id, entries, replace)
 
     @classmethod
     def _put_evals(cls, db: duckdb.DuckDBPyConnection, trial_id: str,
-                   entries: Sequence[dict[str, Any]]) -> None:
-        db.execute("DELETE FROM evals WHERE trial_id = ?", [trial_id])
+                   entries: Sequence[dict[str, Any]], replace: bool = True) -> None:
+        if replace:
+            db.execute("DELETE FROM evals WHERE trial_id = ?", [trial_id])
         for e in entries:
+            if not replace:
+                db.execute("DELETE FROM evals WHERE trial_id = ? AND stage = ? AND split = ?",
+                           [trial_id, e.get("stage"), e.get("split")])
             accuracy = e.get("accuracy") or {}
             cls._insert(db, "evals", {
                 "trial_id": trial_id, "stage": e.get("stage"), "split": e.get("split"),

@@ -15,11 +15,14 @@ from typing import Any, Literal
 
 from autoresearch.evaluation.stats import Estimate, paired_difference
 from autoresearch.rl.config import TrialConfig
-from autoresearch.study.decisions import RULE, paired_items
+from autoresearch.rl.progress import describe, where
+from autoresearch.study.decision_text import decision_text
+from autoresearch.study.decisions import ErrorBudget, KeepRule, paired_items
 from autoresearch.study.journal import Journal
 from autoresearch.study.space import config_diff
 
 SPARKS = "▁▂▃▄▅▆▇█"
+FINISHED = ("done", "kept", "discarded")
 
 
 @dataclass
@@ -50,6 +53,22 @@ def _paired(a: dict[str, Any] | None, b: dict[str, Any] | None, split: str) -> E
         return None
     x, y = paired_items(a[split]["verdicts"], b[split]["verdicts"])
     return paired_difference(x, y) if x else None
+
+
+def _keep_rule(spec: dict[str, Any]) -> KeepRule:
+    b = spec.get("budget") or {}
+    return KeepRule(ErrorBudget.for_study(b.get("alpha", 0.05), b.get("confirm_seeds", 0),
+                                          b.get("max_confirm_trials", 0)))
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _wins(d: dict[str, Any]) -> str:
+    if d.get("wins") is None:
+        return "-"
+    return f"{d['wins']:g}/{d['losses']:g}"
 
 
 def _fmt(value: Any) -> str:
@@ -88,16 +107,31 @@ def build(journal: Journal) -> list[Block]:
         f"{sum(t['tokens'] or 0 for t in trials)} tokens, "
         f"{sum(t['wall_seconds'] or 0 for t in trials):.0f} trial-seconds.")))
 
+    blocks += _warmup_blocks(journal, trials)
+
     blocks.append(Block("h2", "Result"))
+    unfinished_study = study["state"] != "finished"
+    if unfinished_study:
+        open_trials = [t["id"] for t in trials if t["status"] not in FINISHED + ("crashed",)]
+        blocks.append(Block("p", (
+            f"This study is unfinished (state: {study['state']}); what follows is the state so "
+            "far, not its conclusion. "
+            + (f"Trials without a verdict because they did not finish: {', '.join(open_trials)}. "
+               if open_trials else "")
+            + f"`autoresearch resume {journal.path.parent}` continues it.")))
     if best is None:
         blocks.append(Block("p", "No trial finished: there is no best config yet."))
     else:
         dev_gain = _paired(best, baseline, "dev")
         test_gain = _paired(best, baseline, "test")
         same = baseline is not None and best["id"] == baseline["id"]
-        headline = ("No proposed change beat the baseline beyond noise: the base config stays "
-                    "the best." if same else
-                    f"Best config: {best['id']} ({_changes(best)}).")
+        if unfinished_study:
+            headline = (f"Best so far: {best['id']} ({_changes(best)}); no verdict on the study "
+                        "until it finishes.")
+        else:
+            headline = ("No proposed change beat the baseline beyond noise: the base config "
+                        "stays the best." if same else
+                        f"Best config: {best['id']} ({_changes(best)}).")
         blocks.append(Block("p", headline))
         rows = [["dev", _acc(baseline), _acc(best), "-" if same else _diff(dev_gain)],
                 ["test", _acc(baseline, "test"), _acc(best, "test"),
@@ -105,14 +139,16 @@ def build(journal: Journal) -> list[Block]:
         blocks.append(Block("table", headers=[
             "split", f"baseline {baseline['id'] if baseline else ''}", f"best {best['id']}",
             "best - baseline (paired, 95% CI)"], rows=rows))
-        if not same and test_gain is not None:
+        if not same and test_gain is not None and not unfinished_study:
             verdict = ("improves" if test_gain.low > 0 else "hurts" if test_gain.high < 0
                        else "does not measurably change")
             blocks.append(Block("p", f"On the held-out test split the best config {verdict} "
                                 f"execution accuracy relative to the baseline "
                                 f"({_diff(test_gain)}, n={test_gain.n})."))
         base_cfg = TrialConfig.model_validate(spec["base_trial"])
-        best_cfg = TrialConfig.model_validate(best["config"])
+        best_cfg = TrialConfig.model_validate(best["config"]).with_changes({
+            # trials of a study read dev only; shown as a standalone trial would run it
+            "eval.test_tasks": base_cfg.eval.test_tasks, "eval.baseline": base_cfg.eval.baseline})
         diff = config_diff(best_cfg, base_cfg)
         blocks.append(Block("h2", "Best config"))
         if diff:
@@ -128,7 +164,10 @@ def build(journal: Journal) -> list[Block]:
     rows = []
     for rank, t in enumerate(ranked, 1):
         gain = _paired(t, baseline, "dev") if baseline and t is not baseline else None
-        rows.append([str(rank), t["id"], t["status"], _acc(t), _diff(gain),
+        status = t["status"]
+        if status not in FINISHED and t.get("progress"):
+            status += f" ({where(t['progress'])})"
+        rows.append([str(rank), t["id"], status, _acc(t), _diff(gain),
                      str(t["steps"] or "-"), str(t["tokens"] or "-"),
                      f"{t['wall_seconds']:.0f}" if t["wall_seconds"] else "-", t["proposer"],
                      _changes(t)])
@@ -153,17 +192,32 @@ def build(journal: Journal) -> list[Block]:
     if series:
         blocks.append(Block("h2", "Curves"))
         blocks.append(Block("curves", series=series))
+    blocks += _dev_curve_blocks(journal, trials)
+    pruned = [e for e in journal.events() if e["kind"] == "pruning"]
+    if pruned:
+        blocks.append(Block("h2", "Pruning"))
+        blocks.append(Block("p", "Trials score a fixed dev subset during training; a candidate "
+                            "stops early only when the pruner ranks it out and it trails the "
+                            "best score at the same step by more than the noise margin. "
+                            "Pruned trials are never kept; their unspent steps stay in the "
+                            "budget."))
+        blocks.append(Block("table", headers=["trial", "step", "why"], rows=[
+            [e["trial_id"], str((e["data"] or {}).get("step", "-")), e["message"]]
+            for e in pruned]))
 
     decisions = journal.decisions()
+    rule = _keep_rule(spec)
+    blocks.append(Block("h2", "Decisions"))
+    blocks.append(Block("p", "Keep rule: " + rule.describe()))
     if decisions:
-        blocks.append(Block("h2", "Decisions"))
-        blocks.append(Block("p", "Keep rule: " + RULE))
-        blocks.append(Block("table", headers=["candidate", "against", "rule", "difference [95% CI]",
-                                              "pairs", "verdict", "note"], rows=[
+        blocks.append(Block("table", headers=[
+            "candidate", "against", "rule", "difference [95% CI]", "tasks", "seeds",
+            "wins/losses", "one-sided p", "alpha", "what the rule concluded"], rows=[
             [d["candidate"], d["incumbent"] or "-", d["rule"],
              _diff(Estimate(d["difference"], d["low"], d["high"], d["n"] or 0))
-             if d["difference"] is not None else "-", str(d["n"] or "-"), d["verdict"],
-             d["note"] or ""] for d in decisions]))
+             if d["difference"] is not None else "-", str(d["n"] or "-"),
+             str(d["seeds"] or "-"), _wins(d), _num(d.get("p_value")), _num(d.get("alpha")),
+             d.get("conclusion") or decision_text(d)] for d in decisions]))
 
     blocks.append(Block("h2", "What the agent learned"))
     lessons = []
@@ -173,24 +227,76 @@ def build(journal: Journal) -> list[Block]:
         d = t.get("decision") or {}
         hypothesis = (t["rationale"] or "").strip()
         if t["status"] == "kept":
-            lessons.append(f"Confirmed ({t['id']}, {_changes(t)}; {d.get('value', 0):+.3f} "
-                           f"[{d.get('low', 0):+.3f}, {d.get('high', 0):+.3f}]): {hypothesis}")
+            lessons.append(f"Confirmed ({t['id']}, {_changes(t)}; {decision_text(d)}): "
+                           f"{hypothesis}")
         elif t["status"] == "discarded":
-            lessons.append(f"Not supported ({t['id']}, {_changes(t)}; {d.get('value', 0):+.3f} "
-                           f"[{d.get('low', 0):+.3f}, {d.get('high', 0):+.3f}]): {hypothesis}")
+            lessons.append(f"Not supported ({t['id']}, {_changes(t)}; {decision_text(d)}): "
+                           f"{hypothesis}")
         elif t["status"] == "crashed":
             last = (t["error"] or "").strip().splitlines()[-1:] or ["unknown error"]
             lessons.append(f"Crashed ({t['id']}, {_changes(t)}): {last[0]}")
+        elif t["status"] == "pruned":
+            lessons.append(f"Pruned early ({t['id']}, {_changes(t)}): {t['error'] or ''}")
+        elif t["status"] == "stopped" and (t.get("progress") or {}).get("interrupted"):
+            lessons.append(f"No verdict: interrupted before it finished ({t['id']}, "
+                           f"{_changes(t)}; {where(t['progress'])})")
         elif t["status"] == "stopped":
-            lessons.append(f"Stopped on request before it finished ({t['id']}, {_changes(t)})")
+            lessons.append(f"No verdict: stopped on request before it finished ({t['id']}, "
+                           f"{_changes(t)})")
+        elif t["status"] in ("queued", "running", "done"):
+            lessons.append(f"No verdict yet ({t['id']}, {_changes(t)}: {t['status']})")
     blocks.append(Block("list", items=lessons or ["Nothing yet: no candidate was decided."]))
     proposals = journal.proposals()
     outcomes: dict[str, int] = {}
     for p in proposals:
         outcomes[p["outcome"]] = outcomes.get(p["outcome"], 0) + 1
-    blocks.append(Block("p", "Proposals: " + ", ".join(
-        f"{n} {o}" for o, n in sorted(outcomes.items())) + "."))
+    if outcomes:
+        blocks.append(Block("p", "Proposals: " + ", ".join(
+            f"{n} {o}" for o, n in sorted(outcomes.items())) + "."))
     return blocks
+
+
+def _warmup_blocks(journal: Journal, trials: list[dict[str, Any]]) -> list[Block]:
+    """The warm-up's effect: dev accuracy of the starting weights and after the warm-up, on
+    the same fixed dev tasks, with the paired difference."""
+    row = next((t for t in trials if t["role"] == "warmup"), None)
+    if row is None:
+        return []
+    from autoresearch.study.warmup import warmup_effect
+
+    blocks = [Block("h2", "Warm-up"), Block("p", row["rationale"] or "")]
+    effect = warmup_effect(journal)
+    if row["status"] != "done":
+        blocks.append(Block("p", f"The warm-up is {row['status']}: {row['error'] or ''}"))
+    if effect is not None:
+        before, after = effect
+        x, y = paired_items(after["verdicts"], before["verdicts"])
+        gain = paired_difference(x, y) if x else None
+        acc = {k: Estimate(**v["accuracy"]) for k, v in (("before", before), ("after", after))}
+        blocks.append(Block("table", headers=["dev split", "accuracy [95% CI]"], rows=[
+            ["base (before the warm-up)", str(acc["before"])],
+            ["after the warm-up", str(acc["after"])],
+            ["after - before (paired, 95% CI)", _diff(gain)]]))
+    if row.get("checkpoint"):
+        blocks.append(Block("p", f"Every trial starts from {row['checkpoint']}."))
+    return blocks
+
+
+def _dev_curve_blocks(journal: Journal, trials: list[dict[str, Any]]) -> list[Block]:
+    """Each trial's dev accuracy along training: the subset scores pruning reads, then the
+    final score on the whole dev set."""
+    rows = journal.query("SELECT trial_id, stage, accuracy, n FROM evals "
+                         "WHERE split = 'dev' ORDER BY time")
+    by_trial: dict[str, list[str]] = {}
+    for r in rows:
+        by_trial.setdefault(r["trial_id"], []).append(
+            f"{r['stage']}: {r['accuracy']:.3f} (n={r['n']})")
+    lines = [[t["id"], t["status"], " -> ".join(by_trial[t["id"]])]
+             for t in trials if t["id"] in by_trial]
+    if not lines:
+        return []
+    return [Block("h2", "Dev accuracy along training"),
+            Block("table", headers=["trial", "status", "dev accuracy by stage"], rows=lines)]
 
 
 # ------------------------------------------------------------ rendering
@@ -236,17 +342,29 @@ def write_report(directory: str | Path, out: str | Path | None = None) -> Path:
     return target
 
 
-def status(directory: str | Path) -> str:
-    """A short plain-text view of a study for `autoresearch status`."""
+def status(directory: str | Path, now: float | None = None) -> str:
+    """A short plain-text view of a study for `autoresearch status`: its state, every trial's
+    status and score, and where each unfinished trial is (phase, step of total, last metrics,
+    time left), all read from the journal, wherever the study runs."""
+    import time
+
+    now = time.time() if now is None else now
     journal = Journal(directory, read_only=True)
     study = journal.study()
     lines = [f"study {study['name']} ({study['state']}), best: {study['best_trial'] or '-'}"]
     for t in journal.trials():
         lines.append(f"  {t['id']} {t['role']:<8} {t['status']:<9} dev {_acc(t):<24} "
                      f"{_changes(t)[:70]}")
+        if t["status"] not in FINISHED and t["status"] != "queued" and t.get("progress"):
+            live = t["status"] == "running" and study["state"] == "running"
+            lines.append(f"      {describe(t['progress'], now if live else None)}")
+        decision = t.get("decision") or {}
+        if t["status"] in ("kept", "discarded") and decision:
+            lines.append(f"      {decision.get('conclusion') or decision_text(decision)}")
     spent = journal.query("SELECT count(*) AS n, sum(tokens) AS tokens, (SELECT count(*) FROM "
                           "steps) AS steps FROM trials")[0]
     lines.append(f"  {spent['n']} trials, {spent['steps']} steps journaled, "
                  f"{spent['tokens'] or 0} tokens in finished trials")
+    if study["state"] == "interrupted":
+        lines.append(f"  interrupted: `autoresearch resume {journal.path.parent}` continues it")
     return "\n".join(lines)
-

@@ -12,7 +12,13 @@ trial); while a contender is being re-run with extra seeds, later decisions wait
 Crash safety: the journal is written before anything acts on it. A study killed at any point
 resumes from its journal: queued trials are dispatched, running ones re-attached (Kubernetes) or
 resumed from their last checkpoint (local), finished but undecided ones decided; a trial is
-never started twice because its directory (and Job name) is fixed when it is queued.
+never started twice because its directory (and Job name) is fixed when it is queued. A study
+interrupted in this process (Ctrl-C, SIGTERM) says so first: the study becomes `interrupted`,
+its unfinished trials `stopped` at their last step, and a resume takes them up again.
+
+Progress: every trial's phase, step of total, last metrics and time left are kept on its row
+(`progress`, at most every few seconds) and handed to an optional `progress` callback, so a
+terminal and `autoresearch status` show the same thing.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from autoresearch.rl.config import TrialConfig
+from autoresearch.rl.progress import ProgressCallback, ProgressTracker, describe
 from autoresearch.rl.record import TrialRecord
 from autoresearch.rl.trial import TrialResult
 from autoresearch.study.control import (
@@ -38,18 +45,21 @@ from autoresearch.study.control import (
     StudyControl,
     TrialStopped,
 )
-from autoresearch.study.decisions import after_confirmation, first_look
+from autoresearch.study.decision_text import decision_text
+from autoresearch.study.decisions import keep_rule_for
 from autoresearch.study.executors.base import Executor, TrialJob
 from autoresearch.study.executors.local import LocalExecutor
 from autoresearch.study.journal import Journal
 from autoresearch.study.proposers import Context, ProposalBatch, Proposer, make_proposer
+from autoresearch.study.pruning import StudyPruning, TrialPruned, intermediate_step
 from autoresearch.study.space import config_diff, config_key
 from autoresearch.study.spec import Study
 from autoresearch.study.tracing import Tracer
+from autoresearch.study.warmup import WarmupFailed, WarmupStage, remote_checkpoint_exists
 
 log = logging.getLogger(__name__)
 
-FINISHED = ("done", "kept", "discarded")
+FINISHED = ("done", "kept", "discarded", "pruned")
 _IN_PROCESS: dict[Path, threading.Lock] = {}
 _IN_PROCESS_GUARD = threading.Lock()
 
@@ -78,16 +88,22 @@ def _api_key() -> str:
     return os.environ.get("TINKER_API_KEY") or "tml-local"
 
 
-def _total_steps(config: dict[str, Any]) -> int:
+def _total_steps(row: dict[str, Any]) -> int:
+    """Steps a trial spends: all it planned, or, when pruned, the ones it ran."""
+    config = row["config"]
+    if row["status"] == "pruned" and row.get("steps") is not None:
+        return int(row["steps"])
     return int(config["sft"]["steps"]) + int(config["rl"]["steps"])
 
 
 class StudyRunner:
     def __init__(self, study: Study, output_dir: str | Path | None = None,
-                 executor: Executor | None = None, proposer: Proposer | None = None):
+                 executor: Executor | None = None, proposer: Proposer | None = None,
+                 progress: ProgressCallback | None = None):
         self.study = study
         self.dir = Path(output_dir or study.directory())
         self.space = study.space()
+        self.rule = keep_rule_for(study.budget)
         self.journal = Journal(self.dir)
         self.control = StudyControl(self.dir)
         proposer = proposer or make_proposer(study.proposer, study.seed)
@@ -103,20 +119,73 @@ class StudyRunner:
         self._buffer_lock = threading.Lock()
         self._said: set[str] = set()
         self._exploring = True
+        self._server_data: Path | None = None
+        base = study.trial_base()
+        self.pruning = StudyPruning(study.pruning, base.eval.every_tasks or base.eval.dev_tasks,
+                                    base.rl.steps)
+        self._progress = progress or (lambda trial_id, state: None)
+        self._trackers: dict[str, ProgressTracker] = {}
+        self._interrupted = False
 
     # ---------------------------------------------------------------- run
     def run(self) -> StudyOutcome:
         from autoresearch.study.report import write_report
 
         self._init_journal()
-        with self._executor_for_study() as executor:
-            if not isinstance(executor, ControlledExecutor):
-                executor = ControlledExecutor(executor, self.control)
-            self._loop(executor)
+        self._replay_pruning()
+        try:
+            with self._executor_for_study() as executor:
+                if not isinstance(executor, ControlledExecutor):
+                    executor = ControlledExecutor(executor, self.control)
+                try:
+                    self._warm_up(executor)
+                    self._loop(executor)
+                    self._final_test(executor)
+                except KeyboardInterrupt:
+                    self._interrupt()  # before the server goes down under the trials
+                    raise
+        except KeyboardInterrupt:
+            self._interrupt()
+            raise
+        except WarmupFailed as exc:
+            log.error("%s", exc)
+            self.journal.set_study(state="failed")
+            return self.outcome(write_report(self.dir))
         self.journal.set_study(state="finished")
         self.journal.event("study", "study finished")
         report = write_report(self.dir)
         return self.outcome(report)
+
+    def _warm_up(self, executor: Executor) -> None:
+        """Run (or reuse) the declared warm-up; every trial then starts from its checkpoint."""
+        if self.study.warmup is None:
+            return
+        from autoresearch.study.warmup import WARMUP_ID
+
+        owner, exists = None, None
+        if self._server_data is not None:
+            from server.api.auth import owner_of
+
+            owner = owner_of(_api_key())
+        elif (url := self.study.resolved_server_url()) is not None:
+            def exists(path: str) -> bool:
+                return remote_checkpoint_exists(url, _api_key(), path)
+        stage = WarmupStage(self.study, self.journal, self.dir, self._server_data, owner, exists)
+        self._trackers[WARMUP_ID] = ProgressTracker(stage.config)
+        checkpoint = stage.ensure(executor, self._step_sink(WARMUP_ID, "warmup"))
+        self.space = self.study.space(checkpoint)
+
+    def _replay_pruning(self) -> None:
+        if not self.pruning.enabled:
+            return
+        evals: dict[str, list[tuple[int, float]]] = {}
+        for row in self.journal.query("SELECT trial_id, stage, split, accuracy, summary "
+                                      "FROM evals ORDER BY time"):
+            step = intermediate_step({**(row["summary"] or {}), "stage": row["stage"],
+                                      "split": row["split"]})
+            if step is not None and row["accuracy"] is not None:
+                evals.setdefault(row["trial_id"], []).append((step, row["accuracy"]))
+        self.pruning.replay(self.journal.trials(), evals)
 
     def outcome(self, report: Path | None = None) -> StudyOutcome:
         best_id = self.journal.study()["best_trial"]
@@ -131,9 +200,40 @@ class StudyRunner:
         if row["spec"] != spec:
             self.journal.set_study(spec=spec)
             self.journal.event("study", "the declaration changed on resume; the new one applies")
+        if not any(e["kind"] == "error budget" for e in self.journal.events()):
+            budget = self.rule.budget
+            self.journal.event("error budget", budget.describe(), alpha=budget.alpha,
+                               confirmations=budget.confirmations,
+                               per_confirmation=budget.per_confirmation)
         resumed = self.journal.trials()
         if resumed:
             self.journal.event("study", f"resuming with {len(resumed)} trials in the journal")
+        for row in resumed:
+            progress = row.get("progress") or {}
+            if row["status"] == "stopped" and progress.get("interrupted"):
+                self.journal.update_trial(row["id"], status="queued", error=None)
+                self.journal.event("trial", "the study was interrupted here: resuming it from "
+                                   f"its last checkpoint ({describe(progress)})", row["id"])
+
+    def _interrupt(self) -> None:
+        """Journal an interruption: the study `interrupted`, unfinished trials `stopped` at their
+        last step (a resume queues them again). Each write is short; running once is enough."""
+        if self._interrupted:
+            return
+        self._interrupted = True
+        for row in self.journal.trials():
+            if row["status"] not in ACTIVE:
+                continue
+            self._flush_steps(row["id"])
+            tracker = self._trackers.get(row["id"])
+            last = tracker.end("stopped", interrupted=True) if tracker else {
+                **(row.get("progress") or {}), "phase": "stopped", "interrupted": True}
+            where = describe(last) if tracker else "before it started"
+            self.journal.update_trial(row["id"], status="stopped", finished=time.time(),
+                                      progress=last, error=f"interrupted: {where}")
+            self._progress(row["id"], last)
+        self.journal.set_study(state="interrupted")
+        self.journal.event("study", "study interrupted; `autoresearch resume` continues it")
 
     @contextlib.contextmanager
     def _executor_for_study(self) -> Iterator[Executor]:
@@ -155,8 +255,9 @@ class StudyRunner:
             if url is None:
                 from server.entrypoints.runtime import ServerConfig, ServerThread
 
+                self._server_data = (self.dir / "server-data").resolve()
                 server = ServerThread(ServerConfig(model=self.study.embedded_model, port=0,
-                                                   data_dir=self.dir / "server-data", api_keys=""))
+                                                   data_dir=self._server_data, api_keys=""))
                 url = stack.enter_context(server).url
             pool = stack.enter_context(RewardPool(workers=self.study.reward_workers))
             yield LocalExecutor(url, _api_key(), pool)
@@ -211,7 +312,9 @@ class StudyRunner:
                 self._say_once("tokens", f"token budget spent: {used} of {b.max_tokens} tokens")
                 return 0
         if b.max_wall_seconds is not None:
-            elapsed = time.time() - self.journal.study()["created"]
+            # The warm-up is a one-off cost (a rerun takes it from the cache): not the search's.
+            warmup = sum(t["wall_seconds"] or 0 for t in trials if t["role"] == "warmup")
+            elapsed = time.time() - self.journal.study()["created"] - warmup
             if elapsed >= b.max_wall_seconds:
                 self._say_once("wall", f"wall-clock budget spent: {elapsed:.0f}s of "
                                f"{b.max_wall_seconds:.0f}s")
@@ -223,7 +326,7 @@ class StudyRunner:
         b = self.study.budget
         if b.max_steps is None:
             return True
-        used = sum(_total_steps(t["config"]) for t in trials if t["role"] != "confirm")
+        used = sum(_total_steps(t) for t in trials if t["role"] in ("baseline", "explore"))
         used += sum(c.sft.steps + c.rl.steps for c in planned)
         if used + config.sft.steps + config.rl.steps > b.max_steps:
             self._say_once("steps", f"step budget spent: {used} of {b.max_steps} steps planned")
@@ -321,7 +424,8 @@ class StudyRunner:
                    proposer: str, rationale: str, best_config: TrialConfig,
                    best_id: str | None, replicate_of: str | None = None) -> dict[str, Any]:
         trial_id = f"t{number:04d}"
-        config = config.with_changes({"name": f"{self.study.name}-{trial_id}"})
+        config = dev_only(config).with_changes({"name": f"{self.study.name}-{trial_id}"})
+        best_config = dev_only(best_config)
         return {
             "id": trial_id, "number": number, "role": role, "status": "queued",
             "proposer": proposer, "rationale": rationale, "changes": changes,
@@ -337,29 +441,67 @@ class StudyRunner:
         now = time.time()
         if row["status"] == "running":
             self.journal.event("trial", "re-attaching to the trial (resumed study)", row["id"])
-        self.journal.update_trial(row["id"], status="running", started=row.get("started") or now,
-                                  attempts=(row.get("attempts") or 0) + 1)
         job = TrialJob(row["id"], TrialConfig.model_validate(row["config"]),
                        (self.dir / row["directory"]).resolve())
+        tracker = self._trackers[row["id"]] = ProgressTracker(job.config)
+        prior = row.get("progress") or {}
+        if prior.get("step"):  # a resumed trial starts from where it was, not from step 0
+            tracker.state.update({k: prior.get(k) for k in (
+                "step", "reward", "accuracy", "loss", "dev_accuracy") if prior.get(k) is not None})
+        self.journal.update_trial(row["id"], status="running", started=row.get("started") or now,
+                                  attempts=(row.get("attempts") or 0) + 1,
+                                  progress=dict(tracker.state))
+        self._progress(row["id"], dict(tracker.state))
         log.info("running %s", row["id"])
-        return threads.submit(_run_exclusively, executor, job, self._step_sink(row["id"]))
+        return threads.submit(_run_exclusively, executor, job,
+                              self._step_sink(row["id"], row["role"]))
 
-    def _step_sink(self, trial_id: str):
+    def _step_sink(self, trial_id: str, role: str):
         def sink(entry: dict[str, Any]) -> None:
+            tracker = self._trackers.get(trial_id)
+            before = tracker.state["phase"] if tracker else None
+            state = tracker.update(entry) if tracker else None
             with self._buffer_lock:
-                self._buffers.setdefault(trial_id, []).append(entry)
+                if entry.get("type", "step") == "step":
+                    self._buffers.setdefault(trial_id, []).append(entry)
                 due = time.monotonic() - self._flushed.get(trial_id, 0.0) >= STEP_FLUSH_SECONDS
-            if due:
+            if due or (state is not None and state["phase"] != before):
                 self._flush_steps(trial_id)
+            if state is not None:
+                self._progress(trial_id, state)
+            if entry.get("type") == "eval":
+                self._intermediate(trial_id, role, entry)  # may stop the trial (pruned)
 
         return sink
+
+    def _intermediate(self, trial_id: str, role: str, entry: dict[str, Any]) -> None:
+        """A dev score during training: report it to the pruner; stop the trial if pruned."""
+        step = intermediate_step(entry)
+        value = entry.get("accuracy")
+        if isinstance(value, dict):
+            value = value.get("value")
+        if step is None or value is None:
+            return
+        accuracy = entry["accuracy"] if isinstance(entry["accuracy"], dict) else {
+            "value": value, "n": entry.get("n")}
+        self.journal.put_evals(trial_id, [{**entry, "accuracy": accuracy,
+                                           "time": entry.get("time") or time.time()}],
+                               replace=False)
+        numbers = self.pruning.report(trial_id, role, step, float(value))
+        if numbers is not None:
+            raise TrialPruned(
+                f"pruned at RL step {step}: dev subset {numbers['value']:.3f} vs best "
+                f"{numbers['best']:.3f} at that step, behind by more than the noise margin "
+                f"{numbers['margin']:.3f} (n={numbers['n']}; {numbers['rule']})", step)
 
     def _flush_steps(self, trial_id: str) -> None:
         with self._buffer_lock:
             entries = self._buffers.pop(trial_id, [])
             self._flushed[trial_id] = time.monotonic()
-        if entries:
-            self.journal.put_steps(trial_id, entries)
+        tracker = self._trackers.get(trial_id)
+        if entries or tracker is not None:
+            self.journal.put_steps(trial_id, entries,
+                                   progress=dict(tracker.state) if tracker else None)
 
     def _collect(self, trial_id: str, future: Future) -> None:
         row = self.journal.trial(trial_id)
@@ -372,33 +514,92 @@ class StudyRunner:
             steps, evals = record.of_type("step"), record.of_type("eval")
         elif streamed:
             self.journal.put_steps(trial_id, streamed)
+        tracker = self._trackers.get(trial_id) or ProgressTracker(
+            TrialConfig.model_validate(row["config"]))
         try:
             result: TrialResult = future.result()
+        except TrialPruned as exc:
+            ran = int(row["config"]["sft"]["steps"]) + exc.step  # pruned after RL step k
+            tokens = sum(int(e.get("tokens") or 0) for e in steps or streamed)
+            last = tracker.end("pruned")
+            self._progress(trial_id, last)
+            self.journal.finish_trial(trial_id, steps, evals, status="pruned",
+                                      finished=time.time(), error=str(exc), steps=ran,
+                                      tokens=tokens, progress=last)
+            self.journal.event("pruning", str(exc), trial_id, step=exc.step)
+            self.pruning.finish(trial_id, None, pruned=True)
+            log.info("trial %s %s", trial_id, exc)
+            return
         except TrialStopped as exc:
+            last = tracker.end("stopped")
+            self._progress(trial_id, last)
             self.journal.finish_trial(trial_id, steps, evals, status="stopped",
-                                      finished=time.time(), error=str(exc))
+                                      finished=time.time(), error=str(exc), progress=last)
             self.journal.event("trial", f"stopped on request: {exc}", trial_id)
             log.info("trial %s stopped on request", trial_id)
             return
         except Exception as exc:  # noqa: BLE001 - a crashed trial is a result, not the end
             error = "".join(traceback.format_exception(exc))[-4000:]
+            last = tracker.end("crashed")
+            self._progress(trial_id, last)
             self.journal.finish_trial(trial_id, steps, evals, status="crashed",
-                                      finished=time.time(), error=error)
+                                      finished=time.time(), error=error, progress=last)
             self.journal.event("trial", f"crashed: {type(exc).__name__}: {exc}", trial_id)
+            self.pruning.finish(trial_id, None)
             log.warning("trial %s crashed: %s", trial_id, exc)
             return
         dev, test = result.dev or {}, result.test or {}
         acc, tacc = dev.get("accuracy") or {}, test.get("accuracy") or {}
+        last = tracker.end("done", step=tracker.state["total"], eta_seconds=0.0,
+                           dev_accuracy=acc.get("value"))
+        self._progress(trial_id, last)
         self.journal.finish_trial(
             trial_id, steps, evals, status="done", finished=time.time(),
             dev_accuracy=acc.get("value"), dev_low=acc.get("low"), dev_high=acc.get("high"),
             dev_n=acc.get("n"), test_accuracy=tacc.get("value"), test_low=tacc.get("low"),
             test_high=tacc.get("high"), test_n=tacc.get("n"), dev=result.dev, test=result.test,
             steps=result.steps, tokens=result.tokens, wall_seconds=result.wall_seconds,
-            checkpoint=result.checkpoint)
+            checkpoint=result.checkpoint, progress=last)
+        self.pruning.finish(trial_id, acc.get("value"))
         log.info("trial %s done: dev accuracy %s", trial_id, acc.get("value"))
         self._trace_trial(trial_id, row["config"], row["rationale"], acc, result.steps,
                           result.tokens, result.wall_seconds)
+
+    # ---------------------------------------------------------- final test
+    def _final_test(self, executor: Executor) -> None:
+        """Read the test split once: the final best and the base config (baseline trial), each
+        evaluated from its checkpoint on the same test tasks. A resumed study reads it only for
+        a contender whose test result is not journaled yet."""
+        tasks = self.study.base_trial.eval.test_tasks
+        best_id = self.journal.study()["best_trial"]
+        if not tasks or best_id is None:
+            return
+        trials = self.journal.trials()
+        baseline = next((t for t in trials if t["role"] == "baseline"), None)
+        contenders = [self.journal.trial(best_id)]
+        if baseline is not None and baseline["id"] != best_id and baseline.get("checkpoint"):
+            contenders.append(baseline)
+        for row in contenders:
+            if row.get("test") or not row.get("checkpoint"):
+                continue
+            config = TrialConfig.model_validate(row["config"]).with_changes({
+                "name": f"{row['config']['name']}-test", "init_checkpoint": row["checkpoint"],
+                "sft.steps": 0, "rl.steps": 0, "eval.every": 0, "eval.dev_tasks": 0,
+                "eval.test_tasks": tasks, "eval.baseline": False})
+            job = TrialJob(f"{row['id']}-test", config,
+                           (self.dir / "final-test" / row["id"]).resolve())
+            try:
+                result = _run_exclusively(executor, job, lambda entry: None)
+            except Exception as exc:  # noqa: BLE001 - a failed check is reported, not fatal
+                self.journal.event("test", f"final test check of {row['id']} failed: "
+                                   f"{type(exc).__name__}: {exc}", row["id"])
+                return
+            acc = (result.test or {}).get("accuracy") or {}
+            self.journal.update_trial(
+                row["id"], test=result.test, test_accuracy=acc.get("value"),
+                test_low=acc.get("low"), test_high=acc.get("high"), test_n=acc.get("n"))
+            self.journal.event("test", f"test split read once for {row['id']}: accuracy "
+                               f"{acc.get('value')} on {acc.get('n')} tasks", row["id"])
 
     # ----------------------------------------------------------- deciding
     def _decide(self) -> None:
@@ -423,27 +624,33 @@ class StudyRunner:
                 self._record(candidate, None, "reference", None, "kept", note)
                 continue
             incumbent = by_id[best_id]
-            action, comparison = first_look(candidate["dev"]["verdicts"],
-                                            incumbent["dev"]["verdicts"])
-            rule, note = "paired", ""
-            if action != "discard":
+            action, test = self.rule.first_look(candidate["dev"]["verdicts"],
+                                                incumbent["dev"]["verdicts"])
+            rule, note = "first look", "not ahead enough on the first look to confirm"
+            if action == "confirm":
                 runs = self._replicates(candidate, incumbent, trials)
                 if runs is None:
                     return  # re-runs queued or still running
-                if runs == "no budget" and action == "confirm":
-                    action, note = "discard", ("inconclusive and no confirmation budget left: "
-                                               "discarded")
-                elif runs == "no budget":
-                    note = "significant on one seed; no confirmation budget left to replicate it"
+                if runs == "no budget":
+                    action, note = "discard", ("ahead on the first look, but no confirmation "
+                                               "budget left: not kept without confirmation")
+                elif not runs[0]:
+                    action, note = "discard", "every confirmation re-run crashed"
                 else:
-                    action, comparison = after_confirmation(*runs)
-                    rule = "pooled seeds"
+                    first = test
+                    action, test = self.rule.confirm(*runs)
+                    rule = "confirmation"
+                    note = (f"fresh seeds only: one-sided p={test.p_value:.4g} vs alpha "
+                            f"{self.rule.budget.per_confirmation:.4g} per confirmation; the "
+                            f"selecting first look was {first.difference.value:+.3f} "
+                            f"({first.wins:g} wins, {first.losses:g} losses)")
             verdict = "kept" if action == "keep" else "discarded"
-            self._record(candidate, incumbent, rule, comparison, verdict, note)
+            self._record(candidate, incumbent, rule, test, verdict, note)
 
     def _replicates(self, candidate: dict[str, Any], incumbent: dict[str, Any],
                     trials: list[dict[str, Any]]):
-        """Verdict lists per seed for both contenders, None while waiting, or "no budget"."""
+        """Verdicts of the fresh-seed re-runs of both contenders (never the first look's), None
+        while waiting, or "no budget". The incumbent's re-runs are reused across candidates."""
         budget = self.study.budget
         base_seed = self.space.base.seed
         seeds = [base_seed + k for k in range(1, budget.confirm_seeds + 1)]
@@ -471,19 +678,19 @@ class StudyRunner:
                     {"seed": seed})
                 rows.append(self._trial_row(
                     number, "confirm", config, contender["changes"] or {}, "keep rule",
-                    f"re-run of {contender['id']} with seed {seed}: {candidate['id']} looked "
-                    f"better than {incumbent['id']} on one seed", best_config,
+                    f"re-run of {contender['id']} with seed {seed}: {candidate['id']} was ahead "
+                    f"of {incumbent['id']} on the first look", best_config,
                     incumbent["id"], replicate_of=contender["id"]))
                 number += 1
             self.journal.add_trials(rows)
-            self.journal.event("decision", f"{candidate['id']} vs {incumbent['id']}: positive "
-                               f"on one seed; re-running both with seeds {seeds}",
+            self.journal.event("decision", f"{candidate['id']} vs {incumbent['id']}: ahead on "
+                               f"the first look; confirming on fresh seeds {seeds}",
                                candidate["id"], queued=[r["id"] for r in rows])
             return None
         if any(t["status"] in ACTIVE for t in found.values()):
             return None
-        cand_runs = [candidate["dev"]["verdicts"]]
-        inc_runs = [incumbent["dev"]["verdicts"]]
+        cand_runs: list[dict[str, bool]] = []
+        inc_runs: list[dict[str, bool]] = []
         for seed in seeds:
             a, b = found[(candidate["id"], seed)], found[(incumbent["id"], seed)]
             if a["dev"] and b["dev"]:  # a crashed re-run drops its seed from both sides
@@ -494,18 +701,25 @@ class StudyRunner:
     def _record(self, candidate: dict[str, Any], incumbent: dict[str, Any] | None, rule: str,
                 comparison: Any, verdict: str, note: str) -> None:
         diff = comparison.as_dict() if comparison is not None else {}
+        alpha = self.rule.budget.per_confirmation if rule == "confirmation" else None
         decision = {"verdict": verdict, "rule": rule, "against": incumbent and incumbent["id"],
-                    **diff, "note": note}
+                    **diff, "alpha": alpha, "note": note}
+        decision["conclusion"] = conclusion = decision_text(decision)
         self.journal.add_decision(
             {"candidate": candidate["id"], "incumbent": incumbent and incumbent["id"],
              "rule": rule, "difference": diff.get("value"), "low": diff.get("low"),
              "high": diff.get("high"), "n": diff.get("n"), "seeds": diff.get("seeds"),
-             "verdict": verdict, "note": note},
+             "wins": diff.get("wins"), "losses": diff.get("losses"),
+             "p_value": diff.get("p_value"), "alpha": alpha,
+             "verdict": verdict, "note": note, "conclusion": conclusion},
             {candidate["id"]: {"status": verdict, "decision": decision}},
             best_trial=candidate["id"] if verdict == "kept" else None)
-        log.info("decision on %s: %s (%s)", candidate["id"], verdict,
-                 f"{diff.get('value', 0):+.3f} [{diff.get('low', 0):+.3f}, "
-                 f"{diff.get('high', 0):+.3f}]" if diff else note)
+        log.info("decision on %s: %s", candidate["id"], conclusion)
+
+
+def dev_only(config: TrialConfig) -> TrialConfig:
+    """A study's trials read the dev split only; the test split is read once, by the study."""
+    return config.with_changes({"eval.test_tasks": 0, "eval.baseline": False})
 
 
 def _trial_summary(trial_id: str, config: dict[str, Any], rationale: str,
@@ -517,9 +731,10 @@ def _trial_summary(trial_id: str, config: dict[str, Any], rationale: str,
 
 
 def run_study(study: Study, output_dir: str | Path | None = None,
-              executor: Executor | None = None, proposer: Proposer | None = None) -> StudyOutcome:
+              executor: Executor | None = None, proposer: Proposer | None = None,
+              progress: ProgressCallback | None = None) -> StudyOutcome:
     """Run (or resume) a study to the end of its budget and write its report."""
-    return StudyRunner(study, output_dir, executor, proposer).run()
+    return StudyRunner(study, output_dir, executor, proposer, progress).run()
 
 
 def load_study(directory: str | Path) -> Study:
@@ -529,5 +744,6 @@ def load_study(directory: str | Path) -> Study:
 
 
 def resume_study(directory: str | Path, executor: Executor | None = None,
-                 proposer: Proposer | None = None) -> StudyOutcome:
-    return run_study(load_study(directory), directory, executor, proposer)
+                 proposer: Proposer | None = None,
+                 progress: ProgressCallback | None = None) -> StudyOutcome:
+    return run_study(load_study(directory), directory, executor, proposer, progress)

@@ -189,5 +189,7 @@ def config_diff(config: TrialConfig, reference: TrialConfig,
 
 
 def config_key(config: TrialConfig) -> str:
-    """Identity of a config apart from its name and seed: replicates share it."""
-    return config.model_copy(update={"name": "trial", "seed": 0}).fingerprint()
+    """Identity of a config apart from its name, seed and test-split reading (a study's trials
+    read dev only): replicates share it."""
+    dev_only = config.eval.model_copy(update={"test_tasks": 0, "baseline": False})
+    return config.model_copy(update={"name": "trial", "seed": 0, "eval": dev_only}).fingerprint()

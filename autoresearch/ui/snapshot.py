@@ -62,7 +62,11 @@ def read_snapshot(directory: str | Path, lock_timeout: float = 5.0) -> StudySnap
         studies = journal.query("SELECT * FROM study")
         if not studies:
             return None
-        trials = journal.query(f"SELECT {TRIAL_COLUMNS} FROM trials ORDER BY number")
+        try:
+            trials = journal.query(f"SELECT {TRIAL_COLUMNS}, progress FROM trials ORDER BY number")
+        except duckdb.BinderException:  # a journal written before trials kept their progress
+            trials = journal.query(f"SELECT {TRIAL_COLUMNS}, NULL AS progress FROM trials "
+                                   "ORDER BY number")
         step_rows = journal.query(
             "SELECT trial_id, phase, step, time, reward_mean, accuracy, loss FROM steps "
             "ORDER BY trial_id, phase = 'rl', step")

@@ -13,11 +13,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
 
 from server.api.auth import AuthError, KeyRing
 from server.api.http_body import BodyTooLarge, read_body
@@ -25,8 +26,16 @@ from server.engine.engine import UserError
 from server.engine.losses import LossError
 from server.protocol.codec import WireError, decode_forward_backward
 from server.protocol.futures import LONG_POLL_SECONDS, FutureRecord
-from server.service.service import Backpressure, NotFound, QuotaExceeded, TrainingService
+from server.service.request_fields import RequestBody, integer
+from server.service.service import (
+    Backpressure,
+    NotFound,
+    QuotaExceeded,
+    SessionGone,
+    TrainingService,
+)
 from server.storage.checkpoints import CheckpointError
+from server.storage.tokenizer_files import TokenizerFiles
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +59,22 @@ def _error(status: int, message: str, kind: str) -> JSONResponse:
 async def _json(request: Request) -> dict[str, Any]:
     raw = await read_body(request)
     if not raw:
-        return {}
+        return RequestBody()
     try:
         value = json.loads(raw)
     except ValueError as exc:
         raise WireError(f"request body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise WireError("request body must be a JSON object")
-    return value
+    return RequestBody(value)
+
+
+def _page(request: Request, default_limit: int) -> tuple[int, int]:
+    q = request.query_params
+    return (
+        integer(q.get("limit", default_limit), "limit"),
+        integer(q.get("offset", 0), "offset"),
+    )
 
 
 def _future(record: FutureRecord, **extra: Any) -> dict[str, Any]:
@@ -75,11 +92,31 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
     )
     app.state.service = service
     api = "/api/v1"
+    service_lock = threading.Lock()
+
+    async def off(fn: Callable[..., Any], *args: Any) -> Any:
+        """Run service code on a worker thread, one call at a time.
+
+        It may read checkpoints from disk or decode large bodies; on the event loop that would
+        stall every long-poll meanwhile. The lock keeps service calls from interleaving, as
+        they did when they all ran on the loop; the engine thread is unaffected.
+        """
+        service.futures.bind(asyncio.get_running_loop())
+
+        def locked() -> Any:
+            with service_lock:
+                return fn(*args)
+
+        return await asyncio.to_thread(locked)
 
     def owner(request: Request) -> str:
         return keys.authenticate(request.headers.get("x-api-key"))
 
     Handler = Callable[[Request], Awaitable[Any]]
+
+    def _ckpt(request: Request) -> tuple[str, str, str]:
+        p = request.path_params
+        return p["run_id"], p["kind"], p["name"]
 
     def route(method: str, path: str, authenticated: bool = True):
         """Register a handler whose exceptions become the SDK's error shapes."""
@@ -95,6 +132,8 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
                     return _error(401, str(exc), "authentication_error")
                 except NotFound as exc:
                     return _error(404, str(exc), "not_found")
+                except SessionGone as exc:
+                    return _error(410, str(exc), "session_gone")
                 except QuotaExceeded as exc:
                     response = _error(429, str(exc), "quota_exceeded")
                     response.headers["x-should-retry"] = "false"
@@ -105,20 +144,15 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
                     return response
                 except BodyTooLarge as exc:
                     return _error(413, str(exc), "payload_too_large")
-                except (
-                    UserError,
-                    LossError,
-                    CheckpointError,
-                    WireError,
-                    KeyError,
-                    TypeError,
-                    ValueError,
-                ) as exc:
-                    message = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
-                    return _error(400, message, "invalid_request")
-                except Exception:  # noqa: BLE001 - never crash the server on a request
-                    log.exception("%s %s failed", method, path)
-                    return _error(500, "internal server error", "server_error")
+                except (UserError, LossError, CheckpointError, WireError) as exc:
+                    return _error(400, str(exc), "invalid_request")
+                except Exception as exc:  # noqa: BLE001 - never crash the server on a request
+                    # Anything else is the server's fault, whatever its type (a ValueError
+                    # from a bug is no user error): a 500 with the traceback in the log.
+                    log.error("%s %s failed", method, path, exc_info=exc)
+                    return _error(
+                        500, f"internal server error ({type(exc).__name__})", "server_error"
+                    )
                 if isinstance(result, Response):
                     return result
                 return JSONResponse(result if result is not None else {"status": "ok"})
@@ -171,6 +205,7 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
                     "max_context_length": service.engine.max_context,
                     "trainable": True,
                     "sampleable": True,
+                    **service.base_model_facts(),
                 }
             ]
         }
@@ -180,84 +215,122 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
         await read_body(request)
         return {"status": "accepted"}
 
+    tokenizer_files = TokenizerFiles(
+        service.engine.tokenizer, service.engine.model.config, service.store.root
+    )
+
+    @route("GET", "/tokenizer")
+    async def tokenizer(request: Request, who: str):
+        """The tokenizer files, for clients to install under the base model's Hub id."""
+        listing = await asyncio.to_thread(tokenizer_files.listing)
+        return {"hub_id": service.base_model, "files": listing}
+
+    @route("GET", "/tokenizer/{name}")
+    async def tokenizer_file(request: Request, who: str):
+        path = await asyncio.to_thread(tokenizer_files.path, request.path_params["name"])
+        if path is None:
+            raise NotFound(f"no tokenizer file {request.path_params['name']!r}")
+        return FileResponse(path, media_type="application/octet-stream")
+
     # -------------------------------------------------------- sessions
     @route("POST", "/create_session")
     async def create_session(request: Request, who: str):
-        return service.create_session(who, await _json(request))
+        return await off(service.create_session, who, await _json(request))
 
     @route("POST", "/session_heartbeat")
     async def heartbeat(request: Request, who: str):
-        return service.heartbeat(who, (await _json(request))["session_id"])
+        return await off(service.heartbeat, who, (await _json(request))["session_id"])
 
     @route("POST", "/sessions/{session_id}/finish")
     async def finish(request: Request, who: str):
         body = await _json(request)
         reason = (body.get("reason") or {}).get("type", "success")
-        return service.finish_session(who, request.path_params["session_id"], reason)
+        return await off(service.finish_session, who, request.path_params["session_id"], reason)
 
     @route("GET", "/sessions")
     async def sessions(request: Request, who: str):
-        q = request.query_params
-        return service.list_sessions(who, int(q.get("limit", 20)), int(q.get("offset", 0)))
+        return await off(service.list_sessions, who, *_page(request, 20))
+
+    @route("POST", "/sessions/search")
+    async def search_sessions(request: Request, who: str):
+        return service.search_sessions(who, await _json(request))
 
     @route("GET", "/sessions/{session_id}")
     async def session(request: Request, who: str):
-        return service.get_session(who, request.path_params["session_id"])
+        return await off(service.get_session, who, request.path_params["session_id"])
 
     # -------------------------------------------------------- training
     @route("POST", "/create_model")
     async def create_model(request: Request, who: str):
-        record = service.create_model(who, await _json(request))
+        record = await off(service.create_model, who, await _json(request))
         return _future(record)
 
     @route("POST", "/get_info")
     async def get_info(request: Request, who: str):
-        return service.get_info(who, (await _json(request))["model_id"])
+        return await off(service.get_info, who, (await _json(request))["model_id"])
 
     @route("POST", "/forward_backward")
     async def forward_backward(request: Request, who: str):
         body = await read_body(request)
         if request.headers.get("content-type", "").startswith("application/json"):
             raise WireError("forward_backward takes a protobuf body (tinker SDK >= 0.25)")
-        call = decode_forward_backward(body)
-        record = service.forward_backward(who, call)
+        call = await off(decode_forward_backward, body)
+        record = await off(service.forward_backward, who, call)
         return _future(record, model_id=call.model_id)
 
     @route("POST", "/optim_step")
     async def optim_step(request: Request, who: str):
         body = await _json(request)
-        return _future(service.optim_step(who, body), model_id=body["model_id"])
+        return _future(await off(service.optim_step, who, body), model_id=body["model_id"])
 
     @route("POST", "/save_weights")
     async def save_weights(request: Request, who: str):
         body = await _json(request)
-        return _future(service.save_weights(who, body), model_id=body["model_id"])
+        return _future(await off(service.save_weights, who, body), model_id=body["model_id"])
 
     @route("POST", "/save_weights_for_sampler")
     async def save_for_sampler(request: Request, who: str):
         body = await _json(request)
-        return _future(service.save_weights_for_sampler(who, body), model_id=body["model_id"])
+        return _future(
+            await off(service.save_weights_for_sampler, who, body), model_id=body["model_id"]
+        )
+
+    @route("POST", "/save_weights_external")
+    async def save_weights_external(request: Request, who: str):
+        body = await _json(request)
+        return _future(service.save_weights_external(who, body), model_id=body["model_id"])
+
+    @route("GET", "/training_runs/{run_id}/checkpoints/{kind}/{name}/external_weights_urls")
+    async def external_weights_urls(request: Request, who: str):
+        return service.external_weights_urls(who, *_ckpt(request), str(request.base_url))
+
+    @route("GET", "/external_weights/{token}/{file}", authenticated=False)
+    async def external_weights_file(request: Request):
+        """A signed download link: the token is the authorisation (no API key header)."""
+        p = request.path_params
+        path = service.external_weights_file(p["token"], p["file"])
+        return FileResponse(path, media_type="application/octet-stream", filename=p["file"])
 
     @route("POST", "/load_weights")
     async def load_weights(request: Request, who: str):
-        return _future(service.load_weights(who, await _json(request)))
+        return _future(await off(service.load_weights, who, await _json(request)))
 
     @route("POST", "/weights_info")
     async def weights_info(request: Request, who: str):
-        return service.weights_info(who, (await _json(request))["tinker_path"])
+        return await off(service.weights_info, who, (await _json(request))["tinker_path"])
 
     # -------------------------------------------------------- sampling
     @route("POST", "/create_sampling_session")
     async def create_sampling_session(request: Request, who: str):
-        return service.create_sampling_session(who, await _json(request))
+        return await off(service.create_sampling_session, who, await _json(request))
 
     @route("GET", "/samplers/{sampler_id}")
     async def get_sampler(request: Request, who: str):
-        return service.get_sampler(who, request.path_params["sampler_id"])
+        return await off(service.get_sampler, who, request.path_params["sampler_id"])
 
     @route("POST", "/asample")
     async def asample(request: Request, who: str):
-        record, ids = service.sample(who, await _json(request))
+        record, ids = await off(service.sample, who, await _json(request))
         return _future(record, sample_sequence_ids=ids)
 
     # --------------------------------------------------------- futures
@@ -289,54 +362,48 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
     # ------------------------------------------------------------ rest
     @route("GET", "/training_runs")
     async def training_runs(request: Request, who: str):
-        q = request.query_params
-        return service.list_training_runs(who, int(q.get("limit", 20)), int(q.get("offset", 0)))
+        return await off(service.list_training_runs, who, *_page(request, 20))
 
     @route("GET", "/training_runs/{run_id}")
     async def training_run(request: Request, who: str):
-        return service.training_run(who, request.path_params["run_id"])
+        return await off(service.training_run, who, request.path_params["run_id"])
 
     @route("DELETE", "/training_runs/{run_id}")
     async def delete_run(request: Request, who: str):
-        service.delete_run(who, request.path_params["run_id"])
+        await off(service.delete_run, who, request.path_params["run_id"])
         return Response(status_code=204)
 
     @route("GET", "/training_runs/{run_id}/checkpoints")
     async def run_checkpoints(request: Request, who: str):
-        return service.list_checkpoints(who, request.path_params["run_id"])
+        return await off(service.list_checkpoints, who, request.path_params["run_id"])
 
     @route("GET", "/checkpoints")
     async def user_checkpoints(request: Request, who: str):
-        q = request.query_params
-        return service.list_user_checkpoints(who, int(q.get("limit", 100)), int(q.get("offset", 0)))
-
-    def _ckpt(request: Request) -> tuple[str, str, str]:
-        p = request.path_params
-        return p["run_id"], p["kind"], p["name"]
+        return await off(service.list_user_checkpoints, who, *_page(request, 100))
 
     @route("DELETE", "/training_runs/{run_id}/checkpoints/{kind}/{name}")
     async def delete_checkpoint(request: Request, who: str):
-        service.delete_checkpoint(who, *_ckpt(request))
+        await off(service.delete_checkpoint, who, *_ckpt(request))
         return Response(status_code=204)
 
     @route("PUT", "/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl")
     async def set_ttl(request: Request, who: str):
         body = await _json(request)
-        service.set_ttl(who, *_ckpt(request), body.get("ttl_seconds"))
+        await off(service.set_ttl, who, *_ckpt(request), body.get("ttl_seconds"))
         return Response(status_code=204)
 
     @route("POST", "/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
     async def publish(request: Request, who: str):
-        service.set_public(who, *_ckpt(request), True)
+        await off(service.set_public, who, *_ckpt(request), True)
         return Response(status_code=204)
 
     @route("DELETE", "/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
     async def unpublish(request: Request, who: str):
-        service.set_public(who, *_ckpt(request), False)
+        await off(service.set_public, who, *_ckpt(request), False)
         return Response(status_code=204)
 
     @route("POST", "/copy_weights")
     async def copy_weights(request: Request, who: str):
-        return service.copy_weights(who, await _json(request))
+        return await off(service.copy_weights, who, await _json(request))
 
     return app

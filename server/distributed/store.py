@@ -229,6 +229,9 @@ class RedisFutureStore:
         self.current_op: str | None = None
         self.last_created: FutureRecord | None = None
 
+    def bind(self, loop: object) -> None:
+        """Results go to Redis, not to an event loop: nothing to bind."""
+
     def create(self, owner: str, kind: str) -> FutureRecord:
         request_id = self.current_op or f"req-{uuid.uuid4().hex}"
         record = FutureRecord(request_id, owner, kind)

@@ -236,7 +236,9 @@ class DistributedService(TrainingService):
 
     def sample(self, owner: str, body: dict[str, Any]):
         self.remote_sampled = False
-        if self.replaying or not self._remote_samplers():
+        # Recorded sampling (record_stability_info) stays on this engine: the record must be
+        # written where training requests resolve it.
+        if self.replaying or body.get("record_stability_info") or not self._remote_samplers():
             return super().sample(owner, body)
         self._route = self._snapshot_for(owner, body)
         try:

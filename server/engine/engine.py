@@ -140,6 +140,7 @@ class Engine:
         self.model_name = loaded.model_name
         self.device = loaded.device
         self.dtype = loaded.dtype
+        self.model_origin = loaded.origin or loaded.model_name
         self.layers = wrap_model(self.model)
         config = self.model.config
         self.vocab_size = int(self.model.get_output_embeddings().out_features)
@@ -360,8 +361,10 @@ class Engine:
         if loss_fn == "cross_entropy":
             weights = inputs["weights"]
             return (weights != 0).flatten(2).any(-1) if weights.dim() > 2 else weights != 0
-        if loss_fn in ("importance_sampling", "ppo", "cispo"):
+        if loss_fn in ("importance_sampling", "ppo", "cispo", "gspo"):
             return inputs["advantages"] != 0
+        if loss_fn in losses.NEEDS_SAMPLING_RECORD:
+            return inputs[losses.RECORDED_MASK] != 0
         return real.bool()  # e.g. dro: its quadratic term is not masked by the advantages
 
     def forward_backward(self, jobs: list[ForwardBackwardJob]) -> list[ForwardBackwardResult]:
@@ -453,6 +456,7 @@ class Engine:
                 ).to(self.device)
                 for name in names
             }
+            padded[j][losses.TOKEN_MASK] = mask[a:b].to(torch.float32)
             if not job.forward_only:
                 active[a:b] = self._active_positions(job.loss_fn, padded[j], mask[a:b])
         with torch.set_grad_enabled(needs_grad):
@@ -863,8 +867,12 @@ class Engine:
         """Decode every job's rows together; finished rows leave the batch as they pile up.
 
         Each row draws from its own random stream (seeded from its job's seed and its index in
-        the job), so what a row samples does not depend on which other requests shared its
-        batch or on when finished rows were dropped.
+        the job), so the randomness a row uses does not depend on which other requests shared
+        its batch or on when finished rows were dropped. Its logits can, in the last bits: the
+        batch width sets the padding, and the LoRA layers choose between stacked and per-run
+        products from the batch's total adapter rank, which sum in different orders. So a row
+        sampled with batch-mates matches the same row sampled alone except where such a
+        difference flips a draw that sits on a near-tie.
         """
         owners = [j for j, job in enumerate(jobs) for _ in range(job.num_samples)]
         rows = len(owners)

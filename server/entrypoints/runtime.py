@@ -44,6 +44,9 @@ class ServerConfig:
     """Comma-separated keys; None reads AUTORESEARCH_API_KEYS."""
     fuse: bool = True
     tokenizer_id: str | None = None
+    model_name: str | None = None
+    """The name clients address the model by (default: `model`); lets a local directory be
+    served under its Hub id, which is what clients load the tokenizer by."""
     max_context: int | None = None
     limits: Limits = field(default_factory=Limits)
 
@@ -56,6 +59,8 @@ def build_service(config: ServerConfig) -> tuple[TrainingService, KeyRing]:
             "or AUTORESEARCH_API_KEYS, or bind to 127.0.0.1"
         )
     loaded = load_base_model(config.model, config.device, config.dtype)
+    if config.model_name:
+        loaded.model_name = config.model_name
     engine = Engine(loaded, max_context=config.max_context)
     tokenizer_id = config.tokenizer_id
     if tokenizer_id is None and is_embedded(config.model):

@@ -102,6 +102,11 @@ class ServerMetrics:
         self.evictions = Counter(
             "autoresearch_evictions", "Runs evicted from device memory", registry=r
         )
+        self.freed_snapshots = Counter(
+            "autoresearch_freed_snapshots",
+            "Ephemeral sampler snapshots freed by the lifecycle policy",
+            registry=r,
+        )
         self.requests = Counter(
             "autoresearch_requests", "Completed requests", ["kind", "outcome"], registry=r
         )

@@ -25,12 +25,25 @@ class WireError(ValueError):
     """A request body that cannot be decoded; always the client's fault."""
 
 
+@dataclass(frozen=True)
+class Span:
+    """A provenance run: `length` positions that are positions `[offset, offset + length)` of
+    the prompt (`sampled=False`) or of the sampled tokens (`sampled=True`) of `sequence_id`."""
+
+    sequence_id: str
+    offset: int
+    length: int
+    sampled: bool
+
+
 @dataclass
 class Datum:
     """One training example: input tokens and per-position loss inputs (all length N)."""
 
     tokens: np.ndarray
     inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    loss_spans: list[Span] | None = None
+    """Provenance of the loss rows (`loss_fn_input_spans`), when the client sent it."""
 
 
 @dataclass
@@ -98,6 +111,23 @@ def decode_tokens(datum: pb.Datum, index: int) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64)
 
 
+def decode_spans(spans, index: int, what: str) -> list[Span]:
+    """Provenance runs, checked to be well formed (tiling is checked against the datum later)."""
+    out: list[Span] = []
+    for span in spans:
+        kind = span.WhichOneof("span")
+        if kind is None:
+            raise WireError(f"data[{index}].{what}: empty provenance span")
+        run = getattr(span, kind)
+        if not run.sequence_id or run.offset < 0 or run.length < 0:
+            raise WireError(
+                f"data[{index}].{what}: a span needs a sequence_id, offset >= 0 and length >= 0"
+            )
+        sampled = kind == "sampled_tokens"
+        out.append(Span(run.sequence_id, int(run.offset), int(run.length), sampled))
+    return out
+
+
 def _loss_config(msg: pb.ForwardBackwardRequest) -> dict[str, float | str]:
     config: dict[str, float | str] = {k: float(v) for k, v in msg.loss_fn_config.items()}
     for key, value in msg.loss_fn_config_v2.items():
@@ -122,7 +152,10 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
     for i, datum in enumerate(msg.data):
         tokens = decode_tokens(datum, i)
         inputs = {name: decode_tensor(t, name) for name, t in datum.loss_fn_inputs.items()}
-        data.append(Datum(tokens=tokens, inputs=inputs))
+        spans = None
+        if len(datum.loss_fn_input_spans):
+            spans = decode_spans(datum.loss_fn_input_spans, i, "loss_fn_input_spans")
+        data.append(Datum(tokens=tokens, inputs=inputs, loss_spans=spans))
     return ForwardBackwardCall(
         model_id=msg.model_id,
         seq_id=int(msg.seq_id),

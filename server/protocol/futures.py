@@ -42,9 +42,14 @@ class FutureStore:
         self._records: dict[str, FutureRecord] = {}
         self._counter = itertools.count(1)
 
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The HTTP event loop, which completions are handed to."""
+        self.loop = loop
+
     def create(self, owner: str, kind: str) -> FutureRecord:
-        """Called from the event loop (an HTTP handler), which completions are handed to."""
-        self.loop = asyncio.get_running_loop()
+        """Called by an HTTP handler, on the event loop or on a worker thread after `bind`."""
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
         self._expire()
         request_id = f"req-{next(self._counter)}-{kind}"
         record = FutureRecord(request_id, owner, kind)
@@ -58,17 +63,25 @@ class FutureStore:
         record.finished_at = time.monotonic()
         record.done.set()
 
+    def _hand_over(self, record: FutureRecord) -> None:
+        """Wake the waiting long-poll; once the server has shut its event loop, nobody waits
+        any more, so a result finished during shutdown is simply kept."""
+        try:
+            self.loop.call_soon_threadsafe(self._finish, record)
+        except RuntimeError:  # the event loop is closed: the server is stopping
+            record.finished_at = time.monotonic()
+
     def resolve_json(self, record: FutureRecord, result: dict[str, Any]) -> None:
         record.json_result = result
-        self.loop.call_soon_threadsafe(self._finish, record)
+        self._hand_over(record)
 
     def resolve_proto(self, record: FutureRecord, payload: bytes) -> None:
         record.proto_result = payload
-        self.loop.call_soon_threadsafe(self._finish, record)
+        self._hand_over(record)
 
     def fail(self, record: FutureRecord, message: str, category: str = "user") -> None:
         record.error, record.category = message, category
-        self.loop.call_soon_threadsafe(self._finish, record)
+        self._hand_over(record)
 
     async def wait(self, record: FutureRecord, timeout: float = LONG_POLL_SECONDS) -> bool:
         try:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from server.engine.engine import Engine, ForwardBackwardJob, SampleJob
 from server.observability.metrics import ServerMetrics
+from server.scheduling.gradient_commit import all_or_nothing
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,12 @@ class Scheduler:
         with self._cond:
             stream = self._streams.get(run_id)
             return stream is not None and seq_id == stream.next_seq
+
+    def next_seq(self, run_id: str) -> int | None:
+        """The seq_id the run's stream waits for next (None for an unknown run)."""
+        with self._cond:
+            stream = self._streams.get(run_id)
+            return None if stream is None else stream.next_seq
 
     def queued_tokens(self, owner: str) -> int:
         with self._cond:
@@ -360,7 +367,11 @@ class Scheduler:
             if self.before_batch is not None:
                 self.before_batch(kind, batch)
             if kind == "train":
-                results = self.engine.forward_backward([w.job for w in batch])
+                jobs = [w.job for w in batch]
+                # A failure anywhere leaves every run's gradients as they were, so the retry
+                # below (or the client's) never adds a partial step twice.
+                with all_or_nothing(job.state.adapter for job in jobs):
+                    results = self.engine.forward_backward(jobs)
             elif kind == "sample":
                 results = self.engine.sample([w.sample for w in batch])
             else:
@@ -368,6 +379,8 @@ class Scheduler:
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to its callers
             if len(batch) > 1 and kind in ("train", "sample"):
                 # A fused batch failed: retry each alone so one bad request cannot fail others.
+                # Training is all-or-nothing (above), so each retry starts from the gradients
+                # its run had before the fused attempt, as an unfused run would.
                 log.warning(
                     "fused %s batch of %d failed (%s); retrying one by one", kind, len(batch), exc
                 )

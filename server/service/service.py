@@ -7,13 +7,15 @@ id: another key's run is indistinguishable from a run that does not exist.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import datetime as dt
 import itertools
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from server.engine.engine import (
-    AdamParams,
     Engine,
     ForwardBackwardJob,
     ForwardBackwardResult,
@@ -31,7 +32,8 @@ from server.engine.engine import (
     UserError,
 )
 from server.engine.lora import AdapterWeights, LoraSpec
-from server.engine.losses import LossError
+from server.engine.loss_config import check_loss_config
+from server.engine.losses import LOSSES, NEEDS_SAMPLING_RECORD, LossError
 from server.observability.metrics import ServerMetrics
 from server.protocol.codec import (
     ForwardBackwardCall,
@@ -40,6 +42,12 @@ from server.protocol.codec import (
 )
 from server.protocol.futures import FutureRecord, FutureStore
 from server.scheduling.scheduler import RunGone, Scheduler, Work
+from server.service import session_search
+from server.service.lifecycle import LifecyclePolicy, SnapshotLedger
+from server.service.optim_params import parse_adam_params
+from server.service.request_fields import flag, integer, number, optional_integer
+from server.service.sampling_records import SamplingRecords, session_of
+from server.storage.adapter_cache import AdapterCache
 from server.storage.checkpoints import (
     CheckpointError,
     CheckpointStore,
@@ -49,10 +57,19 @@ from server.storage.checkpoints import (
 )
 from server.storage.residency import Residency
 from server.storage.sampler_cache import DEFAULT_MAX_RESIDENT, SamplerCache
+from server.storage.weight_export import (
+    ExportError,
+    UrlSigner,
+    downloadable_files,
+    encrypt_in_place,
+    owner_hash,
+)
 
 log = logging.getLogger(__name__)
 
-USER_ERRORS = (UserError, LossError, CheckpointError, RunGone, ValueError, KeyError)
+USER_ERRORS = (UserError, LossError, CheckpointError, RunGone)
+"""The client's fault (HTTP 400 / future category "user"); any other exception is a server
+fault (HTTP 500 / category "server"), logged with its traceback."""
 
 
 class NotFound(LookupError):
@@ -61,6 +78,14 @@ class NotFound(LookupError):
 
 class QuotaExceeded(PermissionError):
     """A per-key limit that waiting will not lift (e.g. too many runs): HTTP 429, no retry."""
+
+
+class SnapshotFreed(NotFound):
+    """A sampler snapshot that existed but was freed under the lifecycle policy."""
+
+
+class SessionGone(LookupError):
+    """The session ended or expired: HTTP 410, which stops the SDK's heartbeat."""
 
 
 class Backpressure(RuntimeError):
@@ -76,6 +101,7 @@ class Limits:
     max_resident_runs: int | None = None
     idle_evict_seconds: float | None = None
     max_resident_samplers: int | None = DEFAULT_MAX_RESIDENT
+    lifecycle: LifecyclePolicy = field(default_factory=LifecyclePolicy)
 
 
 @dataclass
@@ -86,8 +112,12 @@ class Session:
     user_metadata: dict[str, Any]
     created: str = field(default_factory=now_iso)
     finished: str | None = None
+    last_seen: float = field(default_factory=time.monotonic)
+    """Last heartbeat or request; a session silent past the timeout expires."""
+    ended_at: float | None = None
     run_ids: list[str] = field(default_factory=list)
     sampler_ids: list[str] = field(default_factory=list)
+    display_name: str | None = None
 
 
 @dataclass
@@ -113,6 +143,9 @@ class Sampler:
     """The snapshot's weights until registered; then they live in the `SamplerCache`."""
     tuned: bool = False
     """Whether the sampler has an adapter (else it samples the base model)."""
+    run_id: str | None = None
+    """The run of an ephemeral (unnamed) snapshot, which the lifecycle policy may free."""
+    last_used: float = field(default_factory=time.monotonic)
 
 
 def _str_metadata(meta: dict[str, Any] | None) -> dict[str, str] | None:
@@ -157,9 +190,16 @@ class TrainingService:
             self.limits.max_resident_samplers,
             self.metrics.resident_samplers.set,
         )
+        self.sampling_records = SamplingRecords()
+        self.url_signer = UrlSigner()
         self._lock = threading.Lock()
         self._sample_ids = itertools.count()
         self._dedup: dict[tuple[str, int], FutureRecord] = {}
+        self._dedup_order: dict[str, collections.deque[int]] = {}
+        self.policy = self.limits.lifecycle
+        self.snapshots = SnapshotLedger(self.policy.snapshots_per_run)
+        self.adapters = AdapterCache()
+        self._last_sweep = time.monotonic()
 
     # ------------------------------------------------------------ helpers
     def _session(self, owner: str, session_id: str) -> Session:
@@ -173,7 +213,14 @@ class TrainingService:
         if run is None or run.owner != owner:
             raise NotFound(f"unknown training run {run_id!r}")
         run.last_request = now_iso()
+        self._seen(run_id)
         return run
+
+    def _seen(self, scoped_id: str) -> None:
+        """A request for a run or sampler keeps its session alive, like a heartbeat."""
+        session = self.sessions.get(scoped_id.split(":", 1)[0])
+        if session is not None:
+            session.last_seen = time.monotonic()
 
     def _check_run_quota(self, owner: str) -> None:
         limit = self.limits.max_runs_per_key
@@ -201,6 +248,65 @@ class TrainingService:
     def _maintain(self) -> None:
         busy = {rid for rid, depth in self.scheduler.queue_depths().items() if depth}
         self.residency.evict_idle(busy)
+        self._expire_sessions()
+        self._expire_snapshots()
+        if time.monotonic() - self._last_sweep >= self.policy.checkpoint_sweep_seconds:
+            self._last_sweep = time.monotonic()
+            for path in self.store.expire():
+                self.adapters.drop(path)
+
+    # ---------------------------------------------------------- lifecycles
+    def _expire_sessions(self) -> None:
+        """End sessions that stopped heartbeating; forget ended ones after their retention."""
+        timeout, now = self.policy.session_timeout_seconds, time.monotonic()
+        for session in list(self.sessions.values()):
+            if session.finished is None and timeout is not None:
+                if now - session.last_seen > timeout:
+                    log.info("session %s expired (no heartbeat for %.0f s)",
+                             session.session_id, now - session.last_seen)
+                    self._end_session(session, "expired")
+            elif (
+                session.ended_at is not None
+                and now - session.ended_at > self.policy.ended_session_retention_seconds
+            ):
+                with self._lock:
+                    self.sessions.pop(session.session_id, None)
+
+    def _end_session(self, session: Session, reason: str) -> None:
+        """An ended session's samplers go (snapshots and all); its runs and checkpoints stay."""
+        session.finished = session.finished or reason
+        session.ended_at = session.ended_at or time.monotonic()
+        for sampler_id in list(session.sampler_ids):
+            self._free_sampler(sampler_id, f"its session {session.session_id} ended ({reason})")
+
+    def _expire_snapshots(self) -> None:
+        ttl = self.policy.snapshot_ttl_seconds
+        if ttl is None:
+            return
+        cutoff = time.monotonic() - ttl
+        stale = [s.sampler_id for s in list(self.samplers.values())
+                 if s.run_id is not None and s.last_used < cutoff]
+        for sampler_id in stale:
+            self._free_sampler(sampler_id, f"it was unused for {ttl:.0f} s")
+
+    def _free_sampler(self, sampler_id: str, reason: str) -> None:
+        with self._lock:
+            sampler = self.samplers.pop(sampler_id, None)
+            session = self.sessions.get(sampler_id.split(":", 1)[0])
+            if session is not None and sampler_id in session.sampler_ids:
+                session.sampler_ids.remove(sampler_id)
+        if sampler is None:
+            return
+        self.sampler_cache.drop(sampler_id)
+        self.snapshots.remove(sampler.run_id or "", sampler_id, reason)
+        self.metrics.freed_snapshots.inc()
+
+    def _prune_dedup(self, run_id: str) -> None:
+        """Forget dedup records the run's order has passed by more than the window."""
+        order = self._dedup_order.get(run_id)
+        next_seq = self.scheduler.next_seq(run_id)
+        while order and (next_seq is None or order[0] < next_seq - self.policy.dedup_window):
+            self._dedup.pop((run_id, order.popleft()), None)
 
     def _prepare_batch(self, kind: str, batch: list[Work]) -> None:
         """Make every run a batch needs resident before the engine starts on it."""
@@ -270,6 +376,35 @@ class TrainingService:
 
         return done
 
+    @contextlib.contextmanager
+    def _refusal_keeps_order(
+        self, owner: str, run: Run, seq_id: int | None, kind: str
+    ) -> Iterator[None]:
+        """A request refused before it is queued still takes its place in the run's order.
+
+        Without this, a refused `seq_id` would never execute and every later request of the
+        run would wait for it forever. The refusal is queued at that `seq_id` as work that
+        fails with the same error, so the stream moves past it (and a retry of the same
+        `seq_id` gets the same answer). Backpressure is not a refusal: the SDK retries it.
+        """
+        try:
+            yield
+        except USER_ERRORS as exc:
+            if seq_id is not None and self.scheduler.has_stream(run.run_id):
+                error = exc
+
+                def refuse() -> None:
+                    raise error
+
+                self._ordered(
+                    owner,
+                    run,
+                    seq_id,
+                    kind,
+                    lambda rec: Work(run.run_id, kind, self._complete(rec), action=refuse),
+                )
+            raise
+
     def _ordered(
         self, owner: str, run: Run, seq_id: int | None, kind: str, make_work
     ) -> FutureRecord:
@@ -289,23 +424,31 @@ class TrainingService:
             self.futures.fail(record, f"seq_id {seq_id} was already used for {run.run_id}")
             return record
         self._dedup[(run.run_id, seq_id)] = record
+        self._dedup_order.setdefault(run.run_id, collections.deque()).append(seq_id)
+        self._prune_dedup(run.run_id)
         return record
 
     # ----------------------------------------------------------- sessions
     def create_session(self, owner: str, body: dict[str, Any]) -> dict[str, Any]:
         session_id = f"sess-{uuid.uuid4().hex[:12]}"
         self.sessions[session_id] = Session(
-            session_id, owner, list(body.get("tags") or []), dict(body.get("user_metadata") or {})
+            session_id,
+            owner,
+            list(body.get("tags") or []),
+            dict(body.get("user_metadata") or {}),
+            display_name=body.get("display_name"),
         )
         return {"session_id": session_id, "type": "create_session"}
 
     def heartbeat(self, owner: str, session_id: str) -> dict[str, Any]:
-        self._session(owner, session_id)
+        session = self._session(owner, session_id)
+        if session.finished is not None:
+            raise SessionGone(f"session {session_id} has ended ({session.finished})")
+        session.last_seen = time.monotonic()
         return {"type": "session_heartbeat"}
 
     def finish_session(self, owner: str, session_id: str, reason: str) -> dict[str, Any]:
-        session = self._session(owner, session_id)
-        session.finished = session.finished or reason
+        self._end_session(self._session(owner, session_id), reason)
         return {"status": "ok"}
 
     # ---------------------------------------------------------- training
@@ -315,14 +458,15 @@ class TrainingService:
         self._check_run_quota(owner)
         lora = body.get("lora_config") or {}
         spec = LoraSpec(
-            rank=int(lora.get("rank", 32)),
-            train_attn=bool(lora.get("train_attn", True)),
-            train_mlp=bool(lora.get("train_mlp", True)),
-            train_unembed=bool(lora.get("train_unembed", True)),
+            rank=integer(lora.get("rank", 32), "lora_config.rank"),
+            train_attn=flag(lora.get("train_attn", True), "lora_config.train_attn"),
+            train_mlp=flag(lora.get("train_mlp", True), "lora_config.train_mlp"),
+            train_unembed=flag(lora.get("train_unembed", True), "lora_config.train_unembed"),
         )
-        seed = lora.get("seed")
-        seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % 2**31)
-        run_id = f"{session.session_id}:train:{int(body['model_seq_id'])}"
+        seed = optional_integer(lora.get("seed"), "lora_config.seed")
+        if seed is None:
+            seed = int(np.random.SeedSequence().entropy % 2**31)
+        run_id = f"{session.session_id}:train:{integer(body['model_seq_id'], 'model_seq_id')}"
         if run_id in self.runs:
             raise UserError(f"model_seq_id {body['model_seq_id']} was already used in this session")
         run = Run(run_id, owner, self.base_model, spec, dict(body.get("user_metadata") or {}))
@@ -366,6 +510,7 @@ class TrainingService:
                 "arch": self.engine.model.config.model_type,
                 "model_name": run.base_model,
                 "tokenizer_id": self.tokenizer_id,
+                **self.base_model_facts(),
             },
             "is_lora": True,
             "lora_rank": run.spec.rank,
@@ -374,11 +519,42 @@ class TrainingService:
             "type": "get_info",
         }
 
+    def base_model_facts(self) -> dict[str, str]:
+        """What the resident base model really is: where its weights came from, its dtype."""
+        return {
+            "base_model_origin": self.engine.model_origin,
+            "dtype": str(self.engine.dtype).removeprefix("torch."),
+        }
+
     def _require_state(self, run: Run) -> RunState:
         return self._state(run)
 
+    def _attach_sampling_records(self, owner: str, call: ForwardBackwardCall) -> None:
+        """Fill the recorded inputs a loss like `stable_reinforce` reads from provenance."""
+        for i, datum in enumerate(call.data):
+            if datum.loss_spans is None:
+                raise LossError(
+                    f"data[{i}]: loss {call.loss_fn!r} needs provenance (loss_fn_input_spans) "
+                    "naming sequences sampled with record_stability_info=True; attach it with "
+                    "Datum.with_provenance"
+                )
+            targets = datum.inputs.get("target_tokens")
+            if targets is None or targets.ndim != 1:
+                raise LossError(f"data[{i}]: loss {call.loss_fn!r} needs 1-D target_tokens")
+            datum.inputs.update(
+                self.sampling_records.resolve(
+                    owner, session_of(call.model_id), i, targets, datum.loss_spans
+                )
+            )
+
     def forward_backward(self, owner: str, call: ForwardBackwardCall) -> FutureRecord:
         run = self._run(owner, call.model_id)
+        invalid: BaseException | None = None
+        if call.loss_fn in NEEDS_SAMPLING_RECORD:
+            try:
+                self._attach_sampling_records(owner, call)
+            except USER_ERRORS as exc:
+                invalid = exc
         job = ForwardBackwardJob(
             None,
             call.data,
@@ -386,17 +562,19 @@ class TrainingService:
             call.loss_fn_config,  # type: ignore[arg-type]
             call.forward_only,
         )
-        try:
-            self.engine.validate(job)
-            invalid = None
-        except USER_ERRORS as exc:
-            invalid = exc
+        if invalid is None:
+            try:
+                check_loss_config(call.loss_fn, call.loss_fn_config)
+                self.engine.validate(job)
+            except USER_ERRORS as exc:
+                invalid = exc
         kind = "forward" if call.forward_only else "forward_backward"
         tokens = sum(len(d.tokens) for d in job.data)
         # The request a run's stream waits on is always admitted: the SDK sends a batch's later
         # chunks first, and refusing the first one while they hold the quota would deadlock.
         if not self.scheduler.is_next(run.run_id, call.seq_id):
-            self._check_backlog(owner, tokens)
+            with self._refusal_keeps_order(owner, run, call.seq_id, kind):
+                self._check_backlog(owner, tokens)
 
         def make(record: FutureRecord) -> Work:
             done = self._complete(record, to_proto=_encode_fb)
@@ -416,14 +594,9 @@ class TrainingService:
 
     def optim_step(self, owner: str, body: dict[str, Any]) -> FutureRecord:
         run = self._run(owner, body["model_id"])
-        raw = body.get("adam_params") or body.get("optim_params") or {}
-        if body.get("optimizer_params") and not raw:
-            raise UserError("only AdamW is supported (optimizer_params type 'adamw' / adam_params)")
-        params = AdamParams(
-            **{k: float(v) for k, v in raw.items() if k in AdamParams.__dataclass_fields__}
-        )
-        if params.learning_rate < 0 or not 0 <= params.beta1 < 1 or not 0 <= params.beta2 < 1:
-            raise UserError(f"invalid Adam parameters {raw}")
+        seq_id = optional_integer(body.get("seq_id"), "seq_id")
+        with self._refusal_keeps_order(owner, run, seq_id, "optim_step"):
+            params = parse_adam_params(body)
 
         def step() -> dict[str, Any]:
             return {"metrics": self.engine.optim_step(self._require_state(run), params)}
@@ -431,7 +604,7 @@ class TrainingService:
         return self._ordered(
             owner,
             run,
-            body.get("seq_id"),
+            seq_id,
             "optim_step",
             lambda rec: Work(run.run_id, "optim_step", self._complete(rec), action=step),
         )
@@ -440,17 +613,19 @@ class TrainingService:
         meta: dict[str, Any] = {"user_metadata": _str_metadata(body.get("user_metadata"))}
         ttl = body.get("ttl_seconds")
         if ttl is not None:
-            expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=int(ttl))
+            expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=integer(ttl, "ttl_seconds"))
             meta["expires_at"] = expires.isoformat()
         return meta
 
     def save_weights(self, owner: str, body: dict[str, Any]) -> FutureRecord:
         run = self._run(owner, body["model_id"])
-        name = body.get("path") or f"step-{uuid.uuid4().hex[:8]}"
-        validate_name(name)
-        path = TinkerPath(run.run_id, "weights", name)
-        meta = self._ttl_meta(body)
-        overwrite = bool(body.get("overwrite", False))
+        seq_id = optional_integer(body.get("seq_id"), "seq_id")
+        with self._refusal_keeps_order(owner, run, seq_id, "save_weights"):
+            name = body.get("path") or f"step-{uuid.uuid4().hex[:8]}"
+            validate_name(name)
+            path = TinkerPath(run.run_id, "weights", name)
+            meta = self._ttl_meta(body)
+            overwrite = flag(body.get("overwrite", False), "overwrite")
 
         def save() -> dict[str, Any]:
             state = self._require_state(run)
@@ -467,23 +642,29 @@ class TrainingService:
         return self._ordered(
             owner,
             run,
-            body.get("seq_id"),
+            seq_id,
             "save_weights",
             lambda rec: Work(run.run_id, "save_weights", self._complete(rec), action=save),
         )
 
     def save_weights_for_sampler(self, owner: str, body: dict[str, Any]) -> FutureRecord:
         run = self._run(owner, body["model_id"])
-        name = body.get("path")
-        session_seq = body.get("sampling_session_seq_id")
-        if name is None and session_seq is None:
-            raise UserError("save_weights_for_sampler needs a path or a sampling_session_seq_id")
-        path = None
-        if name is not None:
-            validate_name(name)
-            path = TinkerPath(run.run_id, "sampler_weights", name)
+        seq_id = optional_integer(body.get("seq_id"), "seq_id")
+        with self._refusal_keeps_order(owner, run, seq_id, "save_weights_for_sampler"):
+            name = body.get("path")
+            session_seq = optional_integer(
+                body.get("sampling_session_seq_id"), "sampling_session_seq_id"
+            )
+            if name is None and session_seq is None:
+                raise UserError(
+                    "save_weights_for_sampler needs a path or a sampling_session_seq_id"
+                )
+            path = None
+            if name is not None:
+                validate_name(name)
+                path = TinkerPath(run.run_id, "sampler_weights", name)
+            meta = self._ttl_meta(body)
         session_id = run.run_id.split(":", 1)[0]
-        meta = self._ttl_meta(body)
 
         def save() -> dict[str, Any]:
             state = self._require_state(run)
@@ -493,10 +674,15 @@ class TrainingService:
                 self.store.save(path, snapshot, run.base_model, None, meta)
                 answer["path"] = str(path)
             if session_seq is not None:
-                sampler_id = f"{session_id}:sample:{int(session_seq)}"
+                sampler_id = f"{session_id}:sample:{session_seq}"
                 self._register_sampler(
                     Sampler(
-                        sampler_id, owner, run.base_model, str(path) if path else None, snapshot
+                        sampler_id,
+                        owner,
+                        run.base_model,
+                        str(path) if path else None,
+                        snapshot,
+                        run_id=run.run_id if path is None else None,
                     )
                 )
                 answer["sampling_session_id"] = sampler_id
@@ -505,10 +691,82 @@ class TrainingService:
         return self._ordered(
             owner,
             run,
-            body.get("seq_id"),
+            seq_id,
             "save_weights_for_sampler",
             lambda rec: Work(run.run_id, "save_for_sampler", self._complete(rec), action=save),
         )
+
+    def save_weights_external(self, owner: str, body: dict[str, Any]) -> FutureRecord:
+        """Export the run's adapter as it is (a PEFT adapter), for download over signed URLs."""
+        run = self._run(owner, body["model_id"])
+        name = body.get("path")
+        if not name:
+            raise UserError("save_weights_external needs a name (path)")
+        validate_name(name)
+        path = TinkerPath(run.run_id, "external_weights", name)
+        recipients = body.get("age_encryption_recipients")
+        if recipients is not None and (
+            not isinstance(recipients, list) or not 1 <= len(recipients) <= 10
+        ):
+            raise UserError("age_encryption_recipients takes a list of 1 to 10 recipients")
+        prepare = None if not recipients else lambda d: encrypt_in_place(d, list(recipients))
+        meta = self._ttl_meta(body)
+
+        def save() -> dict[str, Any]:
+            state = self._require_state(run)
+            record = self.store.save(
+                path, state.adapter, run.base_model, None, meta, prepare=prepare
+            )
+            return {
+                "path": str(path),
+                "size_bytes": record["size_bytes"],
+                "type": "save_weights_external",
+            }
+
+        return self._ordered(
+            owner,
+            run,
+            body.get("seq_id"),
+            "save_weights_external",
+            lambda rec: Work(run.run_id, "save_weights_external", self._complete(rec),
+                             action=save),
+        )
+
+    def external_weights_urls(
+        self, owner: str, run_id: str, kind: str, name: str, base_url: str
+    ) -> dict[str, Any]:
+        """Signed, expiring download URLs for each file of an export the caller owns."""
+        if kind != "external_weights":
+            raise UserError(
+                "download URLs exist only for external weights "
+                "(tinker://<run>/external_weights/<name>); export with save_weights_external"
+            )
+        path = self._owned_path(owner, run_id, kind, name)
+        expires = time.time() + self.url_signer.lifetime
+        urls = {
+            file: f"{base_url.rstrip('/')}/api/v1/external_weights/"
+            f"{self.url_signer.sign(owner, str(path), file, expires)}/{file}"
+            for file in downloadable_files(self.store.checkpoint_dir(path))
+        }
+        expiry = dt.datetime.fromtimestamp(int(expires), dt.UTC)
+        return {"urls": urls, "expires": expiry.isoformat()}
+
+    def external_weights_file(self, token: str, file: str) -> Path:
+        """The file a signed URL names, if the link is valid and its owner still owns it."""
+        signed_owner, tinker_path, signed_file = self.url_signer.verify(token)
+        if file != signed_file:
+            raise ExportError("this download link is for another file")
+        path = TinkerPath.parse(tinker_path)
+        run_owner = (self.store.read_run(path.run_id) or {}).get("owner")
+        directory = self.store.checkpoint_dir(path)
+        if run_owner is None or owner_hash(run_owner) != signed_owner:
+            raise NotFound("no such export")
+        if file not in (downloadable_files(directory) if directory.is_dir() else []):
+            raise NotFound("no such export (it was deleted or has expired)")
+        expires_at = self.store.read_meta(path).get("expires_at")
+        if expires_at and dt.datetime.fromisoformat(expires_at) <= dt.datetime.now(dt.UTC):
+            raise NotFound("this export has expired")
+        return directory / file
 
     def _register_sampler(
         self, sampler: Sampler, reload: Callable[[], AdapterWeights] | None = None
@@ -524,16 +782,21 @@ class TrainingService:
             session = self.sessions.get(sampler.sampler_id.split(":", 1)[0])
             if session is not None and sampler.sampler_id not in session.sampler_ids:
                 session.sampler_ids.append(sampler.sampler_id)
+        if sampler.run_id is not None:
+            cap = self.policy.snapshots_per_run
+            for old in self.snapshots.add(sampler.run_id, sampler.sampler_id):
+                self._free_sampler(old, f"its run kept only its newest {cap} snapshots")
+        if session is not None and session.finished is not None:
+            self._free_sampler(sampler.sampler_id, f"its session {session.session_id} ended")
 
     def load_weights(self, owner: str, body: dict[str, Any]) -> FutureRecord:
-        path = TinkerPath.parse(body["path"])
-        if path.kind != "weights" and body.get("optimizer"):
-            raise UserError("optimizer state can only be loaded from a weights/ checkpoint")
-        self._readable_checkpoint(owner, path)
-        with_optimizer = bool(body.get("optimizer", False))
         if body.get("session_id") is not None:
+            path, with_optimizer = self._load_source(owner, body)
             return self._load_as_new_run(owner, body, path, with_optimizer)
         run = self._run(owner, body["model_id"])
+        seq_id = optional_integer(body.get("seq_id"), "seq_id")
+        with self._refusal_keeps_order(owner, run, seq_id, "load_weights"):
+            path, with_optimizer = self._load_source(owner, body)
 
         def load() -> dict[str, Any]:
             adapter, opt_state, _ = self.store.load(path, self.engine.device, with_optimizer)
@@ -546,10 +809,19 @@ class TrainingService:
         return self._ordered(
             owner,
             run,
-            body.get("seq_id"),
+            seq_id,
             "load_weights",
             lambda rec: Work(run.run_id, "load_weights", self._complete(rec), action=load),
         )
+
+    def _load_source(self, owner: str, body: dict[str, Any]) -> tuple[TinkerPath, bool]:
+        """The checkpoint a load_weights request reads, checked readable by the caller."""
+        path = TinkerPath.parse(body["path"])
+        with_optimizer = flag(body.get("optimizer", False), "optimizer")
+        if path.kind != "weights" and with_optimizer:
+            raise UserError("optimizer state can only be loaded from a weights/ checkpoint")
+        self._readable_checkpoint(owner, path)
+        return path, with_optimizer
 
     def _load_as_new_run(
         self, owner: str, body: dict[str, Any], path: TinkerPath, with_optimizer: bool
@@ -557,7 +829,7 @@ class TrainingService:
         session = self._session(owner, body["session_id"])
         self._check_base_model(body.get("base_model"))
         self._check_run_quota(owner)
-        run_id = f"{session.session_id}:train:{int(body['model_seq_id'])}"
+        run_id = f"{session.session_id}:train:{integer(body['model_seq_id'], 'model_seq_id')}"
         if run_id in self.runs:
             raise UserError(f"model_seq_id {body['model_seq_id']} was already used in this session")
         source_meta = self.store.read_run(path.run_id) or {}
@@ -584,12 +856,13 @@ class TrainingService:
     # ---------------------------------------------------------- sampling
     def create_sampling_session(self, owner: str, body: dict[str, Any]) -> dict[str, Any]:
         session = self._session(owner, body["session_id"])
-        sampler_id = f"{session.session_id}:sample:{int(body['sampling_session_seq_id'])}"
+        seq = integer(body["sampling_session_seq_id"], "sampling_session_seq_id")
+        sampler_id = f"{session.session_id}:sample:{seq}"
         model_path = body.get("model_path")
         if model_path:
             path = TinkerPath.parse(model_path)
             self._readable_checkpoint(owner, path)
-            adapter, _, _ = self.store.load(path, self.engine.device, with_optimizer=False)
+            adapter = self._checkpoint_adapter(path)
             sampler = Sampler(sampler_id, owner, self.base_model, model_path, adapter)
         else:
             self._check_base_model(body.get("base_model"))
@@ -598,25 +871,46 @@ class TrainingService:
         return {"sampling_session_id": sampler_id, "type": "create_sampling_session"}
 
     def get_sampler(self, owner: str, sampler_id: str) -> dict[str, Any]:
-        sampler = self.samplers.get(sampler_id)
-        if sampler is None or sampler.owner != owner:
-            raise NotFound(f"unknown sampler {sampler_id!r}")
+        sampler = self._lookup_sampler(owner, sampler_id)
         answer = {"sampler_id": sampler_id, "base_model": sampler.base_model}
         if sampler.model_path:
             answer["model_path"] = sampler.model_path
         return answer
 
+    def _lookup_sampler(self, owner: str, sampler_id: str) -> Sampler:
+        sampler = self.samplers.get(sampler_id)
+        if sampler is None or sampler.owner != owner:
+            reason = self.snapshots.why_freed(sampler_id)
+            if reason is not None and sampler_id.split(":", 1)[0] in self._owned_sessions(owner):
+                raise SnapshotFreed(
+                    f"sampler snapshot {sampler_id!r} was freed because {reason}; take a new "
+                    "one (save_weights_and_get_sampling_client), or save a named checkpoint "
+                    "to keep one"
+                )
+            raise NotFound(f"unknown sampling session {sampler_id!r}")
+        sampler.last_used = time.monotonic()
+        self._seen(sampler_id)
+        return sampler
+
+    def _owned_sessions(self, owner: str) -> set[str]:
+        sessions = {sid for sid, s in self.sessions.items() if s.owner == owner}
+        return sessions | {rid.split(":", 1)[0] for rid, r in self.runs.items() if r.owner == owner}
+
+    def _checkpoint_adapter(self, path: TinkerPath) -> AdapterWeights:
+        """A checkpoint's adapter, read from disk once and then served from the cache."""
+        return self.adapters.get(
+            str(path), lambda: self.store.load(path, self.engine.device, with_optimizer=False)[0]
+        )
+
     def _sampler_for(self, owner: str, body: dict[str, Any]) -> AdapterWeights | None:
         sampler_id = body.get("sampling_session_id")
         if sampler_id:
-            sampler = self.samplers.get(sampler_id)
-            if sampler is None or sampler.owner != owner:
-                raise NotFound(f"unknown sampling session {sampler_id!r}")
+            sampler = self._lookup_sampler(owner, sampler_id)
             return self.sampler_cache.get(sampler_id) if sampler.tuned else None
         if body.get("model_path"):
             path = TinkerPath.parse(body["model_path"])
             self._readable_checkpoint(owner, path)
-            return self.store.load(path, self.engine.device, with_optimizer=False)[0]
+            return self._checkpoint_adapter(path)
         self._check_base_model(body.get("base_model"))
         return None
 
@@ -626,43 +920,75 @@ class TrainingService:
         for chunk in (body.get("prompt") or {}).get("chunks") or []:
             if chunk.get("type", "encoded_text") != "encoded_text":
                 raise UserError(f"{chunk.get('type')} chunks are not supported by this text model")
-            tokens.extend(int(t) for t in chunk.get("tokens") or [])
+            tokens.extend(integer(t, "prompt token") for t in chunk.get("tokens") or [])
         raw = body.get("sampling_params") or {}
         stop = raw.get("stop")
         if isinstance(stop, str):
             stop = [stop]
         params = SamplingParams(
-            max_tokens=raw.get("max_tokens"),
-            temperature=float(raw.get("temperature", 1.0)),
-            top_p=float(raw.get("top_p", 1.0)),
-            top_k=int(raw.get("top_k", -1)),
-            seed=raw.get("seed"),
+            max_tokens=optional_integer(raw.get("max_tokens"), "sampling_params.max_tokens"),
+            temperature=number(raw.get("temperature", 1.0), "sampling_params.temperature"),
+            top_p=number(raw.get("top_p", 1.0), "sampling_params.top_p"),
+            top_k=integer(raw.get("top_k", -1), "sampling_params.top_k"),
+            seed=optional_integer(raw.get("seed"), "sampling_params.seed"),
             stop=stop,
         )
-        num = int(body.get("num_samples", 1))
+        num = integer(body.get("num_samples", 1), "num_samples")
         job = SampleJob(
             adapter,
             tokens,
             num,
             params,
-            prompt_logprobs=bool(body.get("prompt_logprobs")),
-            topk_prompt_logprobs=int(body.get("topk_prompt_logprobs") or 0),
+            prompt_logprobs=flag(body.get("prompt_logprobs") or False, "prompt_logprobs"),
+            topk_prompt_logprobs=integer(
+                body.get("topk_prompt_logprobs") or 0, "topk_prompt_logprobs"
+            ),
         )
+        recording = bool(body.get("record_stability_info"))
+        if recording and not NEEDS_SAMPLING_RECORD & LOSSES.keys():
+            # Refused before any rollout is sampled: nothing here could train on the record.
+            raise UserError(
+                "record_stability_info=True is for stable_reinforce, which this server does "
+                "not support; sample without it and train with another loss_fn"
+            )
+        if recording and not body.get("sampling_session_id"):
+            raise UserError(
+                "record_stability_info=True needs a sampling session: records belong to the "
+                "session that sampled them"
+            )
         self.engine.validate_sample(job)
         self._check_backlog(owner, (len(tokens) + Engine._max_new(job)) * num)
         record = self.futures.create(owner, "sample")
         ids = [f"{record.request_id}:{i}" for i in range(num)]
+        done = self._complete(record, to_proto=encode_sample_response)
+        if recording:
+            done = self._recording(done, owner, body["sampling_session_id"], len(tokens), ids)
         self.scheduler.submit_sample(
             Work(
                 None,
                 "sample",
-                self._complete(record, to_proto=encode_sample_response),
+                done,
                 sample=job,
                 tokens=(len(tokens) + Engine._max_new(job)) * num,
                 owner=owner,
             )
         )
         return record, ids
+
+    def _recording(self, done, owner: str, sampler_id: str, prompt_length: int, ids: list[str]):
+        """Wrap a sample's completion so its sequences are recorded before the client sees them
+        (so a training request sent right after the result can always name them)."""
+
+        def record_then_finish(result: object | None, error: BaseException | None) -> None:
+            if error is None and result is not None:
+                for sequence_id, seq in zip(ids, result.sequences):  # type: ignore[attr-defined]
+                    self.sampling_records.add(
+                        owner, session_of(sampler_id), sequence_id, prompt_length,
+                        list(seq.tokens), list(seq.logprobs),
+                    )
+            done(result, error)
+
+        return record_then_finish
 
     # ------------------------------------------------------ rest surface
     def training_run(self, owner: str, run_id: str) -> dict[str, Any]:
@@ -739,13 +1065,16 @@ class TrainingService:
         return path
 
     def delete_checkpoint(self, owner: str, run_id: str, kind: str, name: str) -> None:
-        self.store.delete(self._owned_path(owner, run_id, kind, name))
+        path = self._owned_path(owner, run_id, kind, name)
+        self.store.delete(path)
+        self.adapters.drop(str(path))
 
     def set_ttl(self, owner: str, run_id: str, kind: str, name: str, ttl: int | None) -> None:
         path = self._owned_path(owner, run_id, kind, name)
         expires = None
         if ttl is not None:
-            expires = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=int(ttl))).isoformat()
+            seconds = integer(ttl, "ttl_seconds")
+            expires = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)).isoformat()
         self.store.update_meta(path, expires_at=expires)
 
     def set_public(self, owner: str, run_id: str, kind: str, name: str, public: bool) -> None:
@@ -780,7 +1109,7 @@ class TrainingService:
         self._readable_checkpoint(owner, source)
         if body.get("session_id") is not None:
             session = self._session(owner, body["session_id"])
-            run_id = f"{session.session_id}:train:{int(body['model_seq_id'])}"
+            run_id = f"{session.session_id}:train:{integer(body['model_seq_id'], 'model_seq_id')}"
             if run_id in self.runs or self.store.read_run(run_id) is not None:
                 raise UserError(f"model_seq_id {body['model_seq_id']} was already used")
         else:
@@ -810,6 +1139,13 @@ class TrainingService:
         ids = [sid for sid, s in self.sessions.items() if s.owner == owner]
         return {"sessions": ids[offset : offset + limit]}
 
+    def search_sessions(self, owner: str, body: dict[str, Any]) -> dict[str, Any]:
+        def checkpoints_of(session: Any) -> int:
+            return sum(len(self.store.list(rid)) for rid in session.run_ids
+                       if self.store.read_run(rid) is not None)
+
+        return session_search.search(list(self.sessions.values()), owner, body, checkpoints_of)
+
     def get_session(self, owner: str, session_id: str) -> dict[str, Any]:
         session = self._session(owner, session_id)
         return {
@@ -823,6 +1159,8 @@ class TrainingService:
         run = self._run(owner, run_id)
         self.scheduler.close_stream(run_id, f"training run {run_id} was deleted")
         del self.runs[run_id]
+        for seq_id in self._dedup_order.pop(run_id, ()):
+            self._dedup.pop((run_id, seq_id), None)
 
         def free() -> None:
             self.residency.forget(run)

@@ -2,25 +2,32 @@
 
 Layout under the data directory::
 
-    runs/<run_id>/run.json                          run metadata (owner, base model, LoRA spec)
-    runs/<run_id>/<kind>/<name>/adapter_model.safetensors   PEFT tensors
-    runs/<run_id>/<kind>/<name>/adapter_config.json          PEFT config
-    runs/<run_id>/<kind>/<name>/optimizer.pt                 AdamW state (kind "weights" only)
-    runs/<run_id>/<kind>/<name>/checkpoint.json              Tinker checkpoint metadata
+    runs/<run>/run.json                          run metadata (owner, base model, LoRA spec)
+    runs/<run>/<kind>/<name>/adapter_model.safetensors   PEFT tensors
+    runs/<run>/<kind>/<name>/adapter_config.json          PEFT config
+    runs/<run>/<kind>/<name>/optimizer.pt                 AdamW state (kind "weights" only)
+    runs/<run>/<kind>/<name>/checkpoint.json              Tinker checkpoint metadata
 
-`kind` is `weights` (training state) or `sampler_weights`. Every write goes to a temporary
+`<run>` is the run id with the characters some OS cannot hold in a file name escaped
+(`run_dir_name`: `sess-1:train:0` -> `sess-1%3Atrain%3A0`); directories written under the raw
+id by earlier versions are still found and loaded.
+`kind` is `weights` (training state), `sampler_weights` or `external_weights` (an export for
+download, possibly age-encrypted, never loaded back). Every write goes to a temporary
 sibling directory that is renamed into place, so a crash never leaves a half-written checkpoint
 that a later load would trust, and a checkpoint saved by one server process loads in another.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import shutil
 import tempfile
 import threading
+import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +37,8 @@ from safetensors.torch import load_file, save_file
 
 from server.engine.lora import ATTN_MODULES, MLP_MODULES, UNEMBED_MODULES, AdapterWeights, LoraSpec
 
-KINDS = {"weights": "training", "sampler_weights": "sampler"}
+KINDS = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
+LOADABLE_KINDS = ("weights", "sampler_weights")
 PEFT_PREFIX = "base_model.model."
 
 
@@ -129,6 +137,22 @@ def adapter_from_tensors(spec: LoraSpec, tensors: dict[str, torch.Tensor]) -> Ad
     return adapter
 
 
+UNPORTABLE = set('<>:"\\|?*%')
+"""Characters some supported OS cannot hold in a file name (Windows; Finder shows ":" as "/"),
+and "%", which escapes them."""
+
+
+def run_dir_name(run_id: str) -> str:
+    """The directory name of a run: its id with unportable characters percent-escaped
+    (`sess-1:train:0` -> `sess-1%3Atrain%3A0`), so every OS can hold it; reversible."""
+    return "".join(f"%{ord(c):02X}" if c in UNPORTABLE or ord(c) < 32 else c for c in run_id)
+
+
+def run_id_of(directory_name: str) -> str:
+    """The run id a directory name stands for (an unescaped legacy name stands for itself)."""
+    return urllib.parse.unquote(directory_name)
+
+
 class CheckpointStore:
     """Reads and writes run metadata and checkpoints under one data directory."""
 
@@ -140,7 +164,13 @@ class CheckpointStore:
     def run_dir(self, run_id: str) -> Path:
         if "/" in run_id or run_id in (".", "..") or not run_id:
             raise CheckpointError(f"invalid run id {run_id!r}")
-        return self.root / "runs" / run_id
+        directory = self.root / "runs" / run_dir_name(run_id)
+        if not directory.exists():
+            legacy = self.root / "runs" / run_id  # written before names were made portable
+            with contextlib.suppress(OSError, ValueError):
+                if legacy != directory and legacy.exists():
+                    return legacy
+        return directory
 
     def checkpoint_dir(self, path: TinkerPath) -> Path:
         return self.run_dir(path.run_id) / path.kind / path.name
@@ -158,7 +188,8 @@ class CheckpointStore:
             return None
 
     def list_runs(self) -> list[str]:
-        return sorted(p.parent.name for p in (self.root / "runs").glob("*/run.json"))
+        return sorted({run_id_of(p.parent.name)
+                       for p in (self.root / "runs").glob("*/run.json")})
 
     # --------------------------------------------------------- checkpoints
     def save(
@@ -169,7 +200,10 @@ class CheckpointStore:
         optimizer_state: dict | None,
         meta: dict[str, Any],
         overwrite: bool = True,
+        prepare: Callable[[Path], None] | None = None,
     ) -> dict[str, Any]:
+        """Write a checkpoint atomically; `prepare` may transform the staged files first
+        (e.g. encrypt an export) before the size and metadata are recorded."""
         target = self.checkpoint_dir(path)
         with self._lock:
             if target.exists() and not overwrite:
@@ -183,6 +217,8 @@ class CheckpointStore:
             )
             if optimizer_state is not None:
                 torch.save(optimizer_state, staging / "optimizer.pt")
+            if prepare is not None:
+                prepare(staging)
             size = sum(f.stat().st_size for f in staging.iterdir())
             record = {
                 "checkpoint_id": f"{path.kind}/{path.name}",
@@ -211,6 +247,8 @@ class CheckpointStore:
         directory = self.checkpoint_dir(path)
         if not (directory / "checkpoint.json").exists():
             raise CheckpointError(f"no checkpoint at {path}")
+        if path.kind not in LOADABLE_KINDS:
+            raise CheckpointError(f"{path} is an export for download; load a weights/ checkpoint")
         config = json.loads((directory / "adapter_config.json").read_text())
         tensors = load_file(str(directory / "adapter_model.safetensors"), device=str(device))
         adapter = adapter_from_tensors(spec_from_peft(config), tensors)

@@ -70,6 +70,15 @@ class SamplerCache:
             self._enforce_cap()
         return adapter
 
+    def drop(self, sampler_id: str) -> None:
+        """Forget a snapshot for good: its memory, its reloader and its spill file."""
+        with self._lock:
+            self._resident.pop(sampler_id, None)
+            self._reloaders.pop(sampler_id, None)
+            if self.on_change is not None:
+                self.on_change(len(self._resident))
+        spill_path(self.spill_dir, sampler_id).unlink(missing_ok=True)
+
     def resident_count(self) -> int:
         with self._lock:
             return len(self._resident)

@@ -211,3 +211,36 @@ def test_a_study_journals_llm_proposals_and_their_outcome_but_never_the_key(keys
     assert trials[2]["proposer"].startswith("optuna-tpe (fallback from gemini")
     assert TrialConfig.model_validate(trials[1]["config"]).rl.adam.learning_rate == 3e-4
     assert SECRET.encode() not in journal.path.read_bytes()
+
+
+def _dev(accuracy: float, failures: list[tuple[str, str, str | None]]) -> dict[str, Any]:
+    samples = [{"task": f"dev-{i:03d}", "tier": "hard", "question": "How many orders? " * 50,
+                "completion": sql, "sql": sql, "correct": False, "outcome": outcome,
+                "error": error} for i, (sql, outcome, error) in enumerate(failures)]
+    samples.append({"task": "dev-999", "tier": "easy", "question": "q", "completion": "ok",
+                    "sql": "SELECT 1", "correct": True, "outcome": "ok", "error": None})
+    return {"accuracy": {"value": accuracy, "low": 0.1, "high": 0.5, "n": 64},
+            "per_tier": {"easy": {"value": 0.61, "low": 0.4, "high": 0.8, "n": 20},
+                         "hard": {"value": 0.07, "low": 0.0, "high": 0.2, "n": 44}},
+            "components": {"executes": 0.72, "result": accuracy, "format": 0.98},
+            "samples": samples}
+
+
+def test_the_researcher_sees_tiers_reward_components_and_failures_of_best_and_latest(keys):
+    best = {**_row(1, {}, status="kept", dev=0.31),
+            "dev": _dev(0.31, [("SELECT * FROM ordrs", "unknown_table",
+                                "Catalog Error: Table with name ordrs does not exist! " * 40)])}
+    latest = {**_row(2, {"rl.group_size": 12}, dev=0.22),
+              "dev": _dev(0.22, [(f"SELECT count(*) FROM orders WHERE id > {i}", "wrong_result",
+                                  None) for i in range(8)])}
+    script = Script([GOOD])
+    _openai(script).propose(Context(_space(), [best, latest], best), 1)
+    prompt = script.requests[0]["messages"][1]["content"]
+    details = prompt[prompt.index("Dev evaluation details"):]
+    assert "t0001" in details and "t0002" in details
+    assert "per tier: easy 0.61 (n=20), hard 0.07 (n=44)" in details
+    assert "reward components (mean): executes 0.72, format 0.98" in details
+    assert "unknown_table" in details and "Table with name ordrs does not exist" in details
+    assert "FROM orders WHERE id > 2" in details and "id > 3" not in details  # 3 per trial
+    assert "dev-999" not in details  # only failures
+    assert len(details) < 3000  # bounded, whatever the errors and questions hold

@@ -1,10 +1,22 @@
-"""The evaluation's confidence intervals."""
+"""The statistics behind decisions, against published values and by simulation."""
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 
-from autoresearch.evaluation.stats import paired_difference, wilson
+from autoresearch.evaluation.stats import (
+    PairedTable,
+    mcnemar_exact,
+    newcombe_paired,
+    paired_difference,
+    paired_exact_test,
+    seed_means,
+    sign_flip_p,
+    wilson,
+)
 
 
 def test_wilson_interval_matches_a_published_value():
@@ -27,21 +39,97 @@ def test_interval_narrows_with_more_tasks():
     )
 
 
-def test_paired_difference_of_identical_verdicts_is_exactly_zero():
-    a = [1, 0, 1, 1, 0]
-    est = paired_difference(a, a)
-    assert est.value == 0 and est.low == 0 and est.high == 0
+def test_four_wins_and_no_losses_of_64_is_not_significant():
+    # A normal interval on the 64 differences excludes zero; the exact test does not.
+    assert mcnemar_exact(4, 0) == pytest.approx(0.125)
+    a = {f"t{i}": i < 4 for i in range(64)}
+    b = {f"t{i}": False for i in range(64)}
+    test = paired_exact_test(a, b)
+    assert (test.wins, test.losses) == (4, 0)
+    assert test.p_value == pytest.approx(0.0625)  # one-sided
+    assert test.difference.value == pytest.approx(4 / 64)
+    assert test.difference.low < 0 < test.difference.high
 
 
-def test_paired_difference_excludes_zero_only_for_a_consistent_gain():
-    better = [1] * 40 + [0] * 60
-    worse = [0] * 20 + [1] * 20 + [0] * 60  # same 100 tasks, 20 fewer solved
-    clear = paired_difference(better, worse)
-    assert clear.value == pytest.approx(0.2) and clear.low > 0
-    noisy = paired_difference([1, 0] * 10, [0, 1] * 10)
-    assert noisy.low < 0 < noisy.high
+def test_newcombe_paired_interval_matches_a_published_value():
+    # Cavo et al. 2012 (Fagerland, Lydersen & Laake, "Statistical analysis of contingency
+    # tables", ch. 8): Newcombe square-and-add, -0.0621 (95% CI -0.1186 to -0.0046).
+    est = newcombe_paired(PairedTable(59, 6, 16, 80))
+    assert est.value == pytest.approx(-0.0621, abs=5e-5)
+    assert est.low == pytest.approx(-0.1186, abs=5e-5)
+    assert est.high == pytest.approx(-0.0046, abs=5e-5)
 
 
-def test_paired_difference_needs_equal_lengths():
+def test_newcombe_does_not_collapse_when_one_side_never_wins():
+    est = paired_difference([1, 0, 0, 0, 0, 0, 0, 0], [0] * 8)
+    assert est.low < 0 < est.value < est.high
+    same = paired_difference([1, 0, 1, 0], [1, 0, 1, 0])
+    assert same.value == 0 and same.low < 0 < same.high
+
+
+def test_sign_flip_test_is_the_exact_mcnemar_test_for_one_seed():
+    for wins, losses in [(4, 0), (7, 2), (10, 10), (0, 3)]:
+        d = [1.0] * wins + [-1.0] * losses + [0.0] * 20
+        assert sign_flip_p(d, 1) == pytest.approx(mcnemar_exact(wins, losses, "greater"))
+
+
+def test_sign_flip_test_counts_exactly_with_several_seeds():
+    # Three seeds: |d| = 1/3, 2/3 and 1, eight equally likely sign patterns. Only the all-plus
+    # pattern reaches the sum 2; sums >= 2/3 come from (+,+,+), (+,-,+) and (-,+,+).
+    assert sign_flip_p([1 / 3, 2 / 3, 1.0], 3) == pytest.approx(1 / 8)
+    assert sign_flip_p([1 / 3, -2 / 3, 1.0], 3) == pytest.approx(3 / 8)
+
+
+def test_seeds_are_combined_per_task_and_do_not_narrow_without_new_tasks():
+    a = {f"t{i}": i < 4 for i in range(64)}
+    b = {f"t{i}": False for i in range(64)}
+    one = paired_exact_test(a, b)
+    three = paired_exact_test([a, a, a], [b, b, b])  # three seeds repeating the same 4 wins
+    assert three.seeds == 3 and three.difference.n == 64
+    assert three.p_value == pytest.approx(one.p_value)
+    assert (three.difference.low, three.difference.high) == pytest.approx(
+        (one.difference.low, one.difference.high))
+
+
+def test_seed_means_average_each_task_over_the_runs_it_has_in_all():
+    means = seed_means([{"x": True, "y": False, "z": True}, {"x": True, "y": True}])
+    assert means == {"x": 1.0, "y": 0.5}
+
+
+def test_paired_table_needs_equal_lengths_and_binary_outcomes():
     with pytest.raises(ValueError):
-        paired_difference([1, 0], [1])
+        PairedTable.of([1, 0], [1])
+    with pytest.raises(ValueError):
+        PairedTable.of([0.5], [1])
+
+
+
+
+def test_newcombe_interval_covers_about_95_percent():
+    # Coverage of the true paired difference, estimated by simulation at a small n where the
+    # normal interval is known to undercover.
+    rng = np.random.default_rng(7)
+    n, runs = 48, 2000
+    difficulty_pool = rng.normal(0, 1.5, 400_000)
+    shift_a, shift_b = np.log(0.25 / 0.75), np.log(0.15 / 0.85)
+    truth = float(np.mean(1 / (1 + np.exp(-(difficulty_pool + shift_a)))
+                          - 1 / (1 + np.exp(-(difficulty_pool + shift_b)))))
+    covered = 0
+    for _ in range(runs):
+        difficulty = rng.normal(0, 1.5, n)
+        a = (rng.random(n) < 1 / (1 + np.exp(-(difficulty + shift_a)))).astype(int).tolist()
+        b = (rng.random(n) < 1 / (1 + np.exp(-(difficulty + shift_b)))).astype(int).tolist()
+        est = newcombe_paired(PairedTable.of(a, b))
+        covered += est.low <= truth <= est.high
+    assert 0.93 <= covered / runs <= 0.975
+
+
+def test_exact_test_holds_its_level_under_no_difference():
+    rng = random.Random(3)
+    rejections = 0
+    for _ in range(800):
+        p = [rng.betavariate(0.5, 1.5) for _ in range(96)]
+        a = {f"t{i}": rng.random() < q for i, q in enumerate(p)}
+        b = {f"t{i}": rng.random() < q for i, q in enumerate(p)}
+        rejections += paired_exact_test(a, b).p_value <= 0.05
+    assert rejections / 800 <= 0.05

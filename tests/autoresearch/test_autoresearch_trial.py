@@ -276,3 +276,31 @@ def test_train_unembed_changes_a_config_fingerprint_only_when_it_leaves_the_defa
     default = tiny_config(sql_model_dir)
     assert default.with_changes({"train_unembed": True}).fingerprint() == default.fingerprint()
     assert default.with_changes({"train_unembed": False}).fingerprint() != default.fingerprint()
+
+
+@pytest.mark.parametrize("temperature", [0.6, 1.3])
+def test_ratios_and_kl_compare_one_distribution_at_any_sampling_temperature(
+    sql_model_dir, sql_server, reward_pool, tmp_path, temperature
+):
+    # The sampler draws from log_softmax(logits / T) but the trainer scores at T = 1: the
+    # behaviour logprobs sent for the importance ratio are the T = 1 ones, so before the first
+    # update the sampler-trainer KL is ~0 whatever the temperature.
+    config = tiny_config(
+        sql_model_dir,
+        sft={"steps": 0},
+        rl={
+            "steps": 1,
+            "prompts_per_step": 2,
+            "group_size": 3,
+            "max_tokens": 12,
+            "temperature": temperature,
+            "drop_constant_groups": False,
+            "loss_fn": "ppo",
+        },
+        eval={"every": 0, "dev_tasks": 2, "test_tasks": 0, "max_tokens": 4},
+    )
+    run_trial(config, tmp_path / "trial", sql_server.url, "tml-tests", pool=reward_pool)
+    (step,) = TrialRecord(tmp_path / "trial").of_type("step")
+    assert step["completion_tokens"] > 0
+    assert step["kl_sample_train_k1"] == pytest.approx(0.0, abs=1e-3)
+    assert step["kl_sample_train_k3"] == pytest.approx(0.0, abs=1e-3)

@@ -76,9 +76,12 @@ def test_saved_checkpoint_is_a_peft_adapter_giving_the_servers_logprobs(
     path = client.save_state("export").result().path
     server_logprobs = forward_logprobs(client, data)
 
+    from server.storage.checkpoints import run_dir_name
+
     parsed = types.ParsedCheckpointTinkerPath.from_tinker_path(path)
-    ckpt_dir = Path(tiny_server.config.data_dir) / "runs" / parsed.training_run_id / "weights"
-    ckpt_dir = ckpt_dir / "export"
+    run_dir = Path(tiny_server.config.data_dir) / "runs" / run_dir_name(parsed.training_run_id)
+    ckpt_dir = run_dir / "weights" / "export"
+    assert ":" not in str(ckpt_dir.relative_to(tiny_server.config.data_dir))
     assert (ckpt_dir / "adapter_config.json").exists()
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
@@ -108,3 +111,47 @@ def test_named_sampler_checkpoint_serves_the_same_logprobs_as_its_snapshot(
     from_path = service_client.create_sampling_client(model_path=path).result()
     snapshot = client.save_weights_and_get_sampling_client().result()
     assert from_path.compute_logprobs(probe).result() == snapshot.compute_logprobs(probe).result()
+
+
+# ------------------------------------------------------------ names on disk
+def _adapter():
+    from server.engine.lora import AdapterWeights, LoraSpec
+
+    spec = LoraSpec(rank=2)
+    name = "model.layers.0.self_attn.q_proj"
+    return AdapterWeights(spec, {name: torch.ones(2, 8)}, {name: torch.zeros(8, 2)})
+
+
+def test_run_directories_hold_no_character_an_os_cannot_name_and_map_back_to_the_run():
+    from server.storage.checkpoints import run_dir_name, run_id_of
+
+    for run_id in ("sess-3f2a:train:0", "a<b>c|d?e*f\"g\\h", "50%:done", "plain-run"):
+        name = run_dir_name(run_id)
+        assert not set(name) & set('<>:"\\|?*/')
+        assert run_id_of(name) == run_id
+
+
+def test_checkpoints_are_written_under_portable_names_and_legacy_ones_still_load(tmp_path):
+    from server.storage.checkpoints import CheckpointStore, TinkerPath
+
+    store = CheckpointStore(tmp_path)
+    path = TinkerPath.parse("tinker://sess-1:train:0/weights/step-1")
+    store.write_run("sess-1:train:0", {"owner": "k"})
+    store.save(path, _adapter(), "base", {"state": {}}, {})
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["sess-1%3Atrain%3A0"]
+    assert not [p for p in tmp_path.rglob("*") if ":" in p.name]
+    assert store.list_runs() == ["sess-1:train:0"]
+
+    # A data directory written by an earlier version: the raw run id as the directory name.
+    legacy = tmp_path / "runs" / "sess-2:train:0"
+    (tmp_path / "runs" / "sess-1%3Atrain%3A0").rename(legacy)
+    old = TinkerPath.parse("tinker://sess-2:train:0/weights/step-1")
+    (legacy / "weights" / "step-1" / "checkpoint.json").write_text(
+        (legacy / "weights" / "step-1" / "checkpoint.json").read_text().replace(
+            "sess-1:train:0", "sess-2:train:0"))
+    adapter, optimizer, meta = store.load(old, torch.device("cpu"), with_optimizer=True)
+    assert torch.equal(adapter.a["model.layers.0.self_attn.q_proj"], torch.ones(2, 8))
+    assert optimizer == {"state": {}} and meta["tinker_path"] == str(old)
+    assert store.read_run("sess-2:train:0") == {"owner": "k"}
+    assert store.list_runs() == ["sess-2:train:0"]
+    assert [r["tinker_path"] for r in store.list("sess-2:train:0")] == [str(old)]

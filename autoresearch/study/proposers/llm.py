@@ -97,8 +97,36 @@ def _line(row: dict[str, Any], curves: dict[str, str]) -> str:
     return "\n    ".join(parts)
 
 
+def _clip(text: str | None, limit: int) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def describe_dev(row: dict[str, Any], failures: int = 3) -> str:
+    """What one trial's dev evaluation says beyond its accuracy: accuracy per tier, the reward
+    components' means, and a few failing completions with their outcome (bounded in size)."""
+    dev = row.get("dev") or {}
+    lines = [f"{row['id']} ({_score(row)}):"]
+    tiers = dev.get("per_tier") or {}
+    if tiers:
+        lines.append("  per tier: " + ", ".join(
+            f"{tier} {est['value']:.2f} (n={est['n']})" for tier, est in sorted(tiers.items())))
+    components = dev.get("components") or {}
+    if components:
+        lines.append("  reward components (mean): " + ", ".join(
+            f"{name} {value:.2f}" for name, value in sorted(components.items())))
+    failing = [s for s in dev.get("samples") or [] if not s.get("correct")][:failures]
+    for s in failing:
+        error = f"; error: {_clip(s['error'], 120)}" if s.get("error") else ""
+        lines.append(f"  failed {s.get('task')} [{s.get('tier') or '-'}] {s.get('outcome')}"
+                     f"{error}\n    question: {_clip(s.get('question'), 160)}"
+                     f"\n    wrote: {_clip(s.get('sql') or s.get('completion'), 200)}")
+    return "\n".join(lines)
+
+
 def describe_journal(context: Context, n: int, recent: int = 8, leaders: int = 5) -> str:
-    """The researcher's view of the study: space, best trials, recent trials, failures."""
+    """The researcher's view of the study: space, best trials, recent trials, failures, and
+    what the best and the latest trials got wrong on dev."""
     explored = context.explored()
     scored = sorted((t for t in explored if t.get("dev_accuracy") is not None),
                     key=lambda t: -t["dev_accuracy"])
@@ -122,6 +150,13 @@ def describe_journal(context: Context, n: int, recent: int = 8, leaders: int = 5
     if failed:
         sections.append("Recent failures (crashed or not better than the best):\n" + "\n".join(
             "  " + _line(t, context.curves) for t in failed[-recent:]))
+    looked_at = [t for t in (context.best, latest[-1] if latest else None)
+                 if t is not None and t.get("dev")]
+    if looked_at:
+        unique = list({t["id"]: t for t in looked_at}.values())
+        sections.append("Dev evaluation details of the best and the latest trials (use them "
+                        "before changing reward weights):\n" + "\n".join(
+                            describe_dev(t) for t in unique))
     sections.append(f"Propose {n} new trial{'s' if n != 1 else ''}.")
     return "\n\n".join(sections)
 

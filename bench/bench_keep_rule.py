@@ -1,0 +1,199 @@
+"""The keep rule's error rates: simulated studies, old rule beside new rule, in one run.
+
+Each simulated study has a baseline and several candidates, scored on a fixed set of dev tasks,
+and spends a confirmation budget as `autoresearch.study.runner` does (candidates decided in order; a
+promising one and the best are re-run with fresh seeds; the best's re-runs are reused). The NEW
+rule is the product's own `KeepRule` (built by `keep_rule_for` from the study budget); the
+OLD rule is the one it replaced, kept here as the baseline: a normal (Wald) interval on paired
+differences, seeds pooled as if they were new tasks, the selecting look pooled into the
+confirmation, and a significant single look kept when no budget is left.
+
+The world is simulated as real dev scores behave:
+    P(task i right | config c, run r) = sigmoid(difficulty_i + quality_c + interaction_ci + seed_r)
+- difficulty_i ~ N(mu, 1.5): tasks differ a lot (many are always or never solved), so the two
+  configs' outcomes on a task are strongly correlated; mu puts the base accuracy at `--base`.
+- interaction_ci ~ N(0, 0.5): a change helps some tasks and hurts others.
+- seed_r ~ N(0, 0.1): a run's own luck (training seed), shared by all its tasks; each (run,
+  task) outcome is then a fresh draw.
+- quality_c: 0 for the baseline and the null candidates; for the planted candidate, the shift
+  whose expected dev accuracy gain (over tasks, interactions and seeds) is the effect.
+
+Reported per dev size and planted effect: the false-keep rate per study (no candidate better;
+target <= alpha = 5%) and the power (the planted candidate ends as the study's best).
+
+    python bench/bench_keep_rule.py [--studies 400] [--candidates 6] [--base 0.2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "datasets")]
+
+from autoresearch.study.decisions import keep_rule_for  # noqa: E402
+from autoresearch.study.spec import Study  # noqa: E402
+
+Z95 = 1.959963984540054
+SIGMA_TASK, SIGMA_INTERACTION, SIGMA_SEED = 1.5, 0.5, 0.1
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-x))
+
+
+_NOISE = np.random.default_rng(12345).normal(size=(3, 200_000))
+"""Common random numbers for calibration: tasks, interactions and seeds of a large population."""
+
+
+def _mean_accuracy(mu: float, shift: float) -> float:
+    logits = (mu + SIGMA_TASK * _NOISE[0] + SIGMA_INTERACTION * _NOISE[1]
+              + SIGMA_SEED * _NOISE[2] + shift)
+    return float(sigmoid(logits).mean())
+
+
+def _solve(target: float, f: Callable[[float], float], lo: float = -8, hi: float = 8) -> float:
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+class World:
+    """One study's dev tasks, configs and the runs drawn so far (cached per config and seed)."""
+
+    def __init__(self, rng: np.random.Generator, tasks: int, mu: float, qualities: list[float]):
+        self.rng = rng
+        self.ids = [f"dev-{i:03d}" for i in range(tasks)]
+        self.difficulty = rng.normal(mu, SIGMA_TASK, tasks)
+        # The baseline's own interaction is folded into difficulty; candidates get theirs.
+        self.logits = [self.difficulty + q + (rng.normal(0, SIGMA_INTERACTION, tasks) if c else 0)
+                       for c, q in enumerate(qualities)]
+        self.runs: dict[tuple[int, int], dict[str, bool]] = {}
+
+    def run(self, config: int, seed: int) -> dict[str, bool]:
+        key = (config, seed)
+        if key not in self.runs:
+            p = sigmoid(self.logits[config] + self.rng.normal(0, SIGMA_SEED))
+            right = self.rng.random(len(self.ids)) < p
+            self.runs[key] = dict(zip(self.ids, right.tolist()))
+        return self.runs[key]
+
+
+# ------------------------------------------------------------------ the rules
+def new_study(world: World, candidates: int, study: Study) -> int:
+    """The product's keep rule, spending the budget as the study runner does."""
+    rule, budget = keep_rule_for(study.budget), study.budget
+    seeds = list(range(1, budget.confirm_seeds + 1))
+    best, spent = 0, 0
+    for cand in range(1, candidates + 1):
+        action, _ = rule.first_look(world.run(cand, 0), world.run(best, 0))
+        if action != "confirm":
+            continue
+        missing = len(seeds) + sum((best, s) not in world.runs for s in seeds)
+        if not seeds or spent + missing > budget.max_confirm_trials:
+            continue  # no budget: discarded, not kept
+        spent += missing
+        action, _ = rule.confirm([world.run(cand, s) for s in seeds],
+                                 [world.run(best, s) for s in seeds])
+        if action == "keep":
+            best = cand
+    return best
+
+
+def _wald_low(pairs: list[tuple[dict[str, bool], dict[str, bool]]]) -> tuple[float, float]:
+    """Old `compare`: every (seed, task) pair as one item, normal interval; (mean, low)."""
+    d = np.array([float(a[t]) - float(b[t]) for a, b in pairs for t in a])
+    mean = float(d.mean())
+    half = Z95 * math.sqrt(d.var(ddof=1) / len(d)) if len(d) > 1 else 1.0
+    return mean, mean - half
+
+
+def old_study(world: World, candidates: int, study: Study) -> int:
+    """The rule this replaced, with the same budget."""
+    budget = study.budget
+    seeds = list(range(1, budget.confirm_seeds + 1))
+    best, spent = 0, 0
+    for cand in range(1, candidates + 1):
+        first = [(world.run(cand, 0), world.run(best, 0))]
+        mean, low = _wald_low(first)
+        significant = low > 0
+        if mean <= 0 and not significant:
+            continue
+        missing = len(seeds) + sum((best, s) not in world.runs for s in seeds)
+        if not seeds or spent + missing > budget.max_confirm_trials:
+            if significant:
+                best = cand  # "significant on one seed; no budget left to replicate it"
+            continue
+        spent += missing
+        fresh = [(world.run(cand, s), world.run(best, s)) for s in seeds]
+        _, pooled_low = _wald_low(first + fresh)
+        replication, _ = _wald_low(fresh)
+        if pooled_low > 0 and replication > 0:
+            best = cand
+    return best
+
+
+# ---------------------------------------------------------------- the bench
+def simulate(tasks: int, effect: float, studies: int, candidates: int, base: float,
+             study: Study, seed: int) -> dict[str, float]:
+    rng = np.random.default_rng(seed)
+    mu = _solve(base, lambda m: _mean_accuracy(m, 0.0))
+    planted_shift = _solve(base + effect, lambda s: _mean_accuracy(mu, s)) if effect else 0.0
+    outcome = {"old": 0, "new": 0}
+    for _ in range(studies):
+        planted = int(rng.integers(1, candidates + 1)) if effect else 0
+        qualities = [0.0] + [planted_shift if c == planted else 0.0
+                             for c in range(1, candidates + 1)]
+        state = rng.bit_generator.state
+        for name, decide in (("old", old_study), ("new", new_study)):
+            rng.bit_generator.state = state  # both rules see the same tasks and configs
+            best = decide(World(rng, tasks, mu, qualities), candidates, study)
+            outcome[name] += best != 0 if not effect else best == planted
+    return {name: hits / studies for name, hits in outcome.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--studies", type=int, default=400)
+    parser.add_argument("--candidates", type=int, default=6)
+    parser.add_argument("--base", type=float, default=0.2, help="baseline dev accuracy")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[48, 96, 200])
+    parser.add_argument("--effects", type=float, nargs="+", default=[0.0, 0.05, 0.10, 0.15])
+    parser.add_argument("--confirm-seeds", type=int, default=2)
+    parser.add_argument("--max-confirm-trials", type=int, default=8)
+    args = parser.parse_args()
+    study = Study(name="bench", budget={"max_trials": args.candidates + 1,
+                                        "confirm_seeds": args.confirm_seeds,
+                                        "max_confirm_trials": args.max_confirm_trials})
+    rule = keep_rule_for(study.budget)
+    print(f"{args.studies} simulated studies per cell; baseline + {args.candidates} candidates; "
+          f"base dev accuracy {args.base}; confirm_seeds={args.confirm_seeds}, "
+          f"max_confirm_trials={args.max_confirm_trials}")
+    print(rule.budget.describe())
+    se = math.sqrt(0.05 * 0.95 / args.studies)
+    print(f"(a rate of 5% is measured to +-{1.96 * se:.1%} at this many studies)\n")
+    header = "| dev tasks | planted effect | measures | OLD rule | NEW rule | NEW / OLD |"
+    print(header)
+    print("|---|---|---|---|---|---|")
+    started = time.time()
+    for tasks in args.sizes:
+        for k, effect in enumerate(args.effects):
+            r = simulate(tasks, effect, args.studies, args.candidates, args.base, study,
+                         seed=1000 * tasks + k)
+            what = "false keeps per study" if not effect else "power (planted kept)"
+            ratio = f"{r['new'] / r['old']:.2f}" if r["old"] else "-"
+            print(f"| {tasks} | {'none' if not effect else f'+{effect * 100:.0f} pts'} | "
+                  f"{what} | {r['old']:.1%} | {r['new']:.1%} | {ratio} |", flush=True)
+    print(f"\n{time.time() - started:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Typed access to fields of a client's JSON body, where every failure is the client's fault.
+
+A server bug that raises `KeyError` or `ValueError` must surface as a 500, while a missing or
+ill-typed field is a 400 naming the field. So request parsing never relies on bare `int()` or
+`body[key]` (whose errors look like bugs): it goes through these helpers, which raise
+`FieldError` (a `UserError`) with the field's name.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from server.engine.engine import UserError
+
+
+class FieldError(UserError):
+    """A request field is missing or has the wrong type."""
+
+
+class RequestBody(dict):
+    """A decoded JSON object whose missing keys raise `FieldError` naming the key."""
+
+    def __missing__(self, key: str) -> Any:
+        raise FieldError(f"missing field {key!r}")
+
+
+def integer(value: Any, name: str) -> int:
+    """An integer field (a JSON integer, or a float with no fractional part)."""
+    if isinstance(value, bool):
+        raise FieldError(f"{name} must be an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    raise FieldError(f"{name} must be an integer, got {value!r}")
+
+
+def number(value: Any, name: str) -> float:
+    """A finite real number (JSON integers and floats; booleans and strings are refused)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise FieldError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise FieldError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+def flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise FieldError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def optional_integer(value: Any, name: str) -> int | None:
+    return None if value is None else integer(value, name)

@@ -1,0 +1,88 @@
+"""Suite-wide set-up: tests write only into their own directories, and the end of the run says
+which tests a missing system package skipped and the one command that installs it.
+
+Caches: the converted Gemma model (about 1.1 GB, about 100 s to convert) is shared by every test
+session of this checkout in `.cache/test-models` (git-ignored), never the user's
+`~/.cache/autoresearch`; an explicit `AUTORESEARCH_CACHE` is honoured (CI or a shared machine
+can point every checkout at one cache). Hugging Face, matplotlib, IPython and Jupyter runtime
+files go to a temporary directory removed at the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TEST_CACHE = REPO / ".cache" / "test-models"
+
+SYSTEM_PACKAGES = {
+    # package: what its skip reasons say (lower case)
+    "redis-server": "redis-server",
+    "chromium": "chromium",
+}
+INSTALL = {"apt": "sudo apt-get install -y {packages}",
+           "brew": "brew install redis; brew install --cask chromium (then AUTORESEARCH_CHROMIUM)"}
+
+_scratch: str | None = None
+_closing_lines: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _scratch
+    if not os.environ.get("AUTORESEARCH_CACHE"):
+        TEST_CACHE.mkdir(parents=True, exist_ok=True)
+        os.environ["AUTORESEARCH_CACHE"] = str(TEST_CACHE)
+    _scratch = tempfile.mkdtemp(prefix="autoresearch-tests-")
+    for name in ("HF_HOME", "MPLCONFIGDIR", "IPYTHONDIR", "JUPYTER_RUNTIME_DIR"):
+        os.environ.setdefault(name, os.path.join(_scratch, name.lower()))
+    os.environ.setdefault("TINKER_TELEMETRY", "0")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _scratch:
+        shutil.rmtree(_scratch, ignore_errors=True)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    for line in _closing_lines:
+        if reporter is not None:
+            reporter.write_line(line, yellow=True)
+        else:
+            print(line)
+
+
+def missing_packages(reasons: list[str]) -> dict[str, int]:
+    """System package -> how many skipped tests named it in their reason."""
+    counts: dict[str, int] = {}
+    for reason in reasons:
+        for package, clue in SYSTEM_PACKAGES.items():
+            if clue in reason.lower():
+                counts[package] = counts.get(package, 0) + 1
+    return counts
+
+
+def _reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    return str(longrepr or "")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """Note the skips for missing system packages; they are printed last (`pytest_unconfigure`),
+    after pytest's own summary line, where a user looks."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    counts = missing_packages([_reason(r) for r in skipped])
+    if not counts:
+        return
+    packages = " ".join(sorted(counts))
+    _closing_lines.extend([
+        "skipped for a missing system package: " + ", ".join(
+            f"{n} test(s) need {package}" for package, n in sorted(counts.items())),
+        f"  install (Debian/Ubuntu): {INSTALL['apt'].format(packages=packages)}",
+        f"  install (macOS): {INSTALL['brew']}",
+        "  then run `make test` again",
+    ])
