@@ -86,7 +86,8 @@ class _ProgressLogHandler(logging.Handler):
 
 def _study_logging(display) -> None:
     handler = _ProgressLogHandler(display)
-    for name in ("autoresearch.study.runner", "autoresearch.study.executors.kubernetes"):
+    for name in ("autoresearch.study.runner", "autoresearch.study.executors.kubernetes",
+                 "autoresearch.study.warmup"):
         logger = logging.getLogger(name)
         logger.setLevel(logging.INFO)
         logger.addHandler(handler)

@@ -102,12 +102,21 @@ class EvalConfig(_Strict):
     max_tokens: int = Field(96, ge=1, le=4096)
     baseline: bool = False
     """Also evaluate the untrained model on the test split (for reporting gains)."""
+    start: bool = False
+    """Also evaluate on the dev split before any training: the starting point (the base model,
+    or the `init_checkpoint`), paired task by task with the final dev score."""
+    every_tasks: int | None = Field(None, ge=1, le=100_000)
+    """Evaluations during training use only the first this many of the fixed dev tasks (a
+    cheaper, still fixed, subset: what pruning reads); default: all of them."""
 
 
 class TrialConfig(_Strict):
     name: str = "trial"
     base_model: str = "google/gemma-3-270m"
     lora_rank: int = Field(16, ge=1, le=512)
+    train_unembed: bool = True
+    """Also train a LoRA on the output head (the SDK's default). vLLM cannot serve such an
+    adapter for Gemma, so on a vLLM-backed server its samples come from the torch sampler."""
     seed: int = Field(0, ge=0)
     prompt_style: Literal["base", "chat"] = "base"
     corpus_seed: int = Field(0, ge=0)
@@ -138,7 +147,10 @@ class TrialConfig(_Strict):
     # -------------------------------------------------------------- i/o
     def fingerprint(self) -> str:
         """A short stable hash of the config (names a trial's artifacts)."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        data = self.model_dump(mode="json")
+        if data["train_unembed"] is True:
+            del data["train_unembed"]  # the default keeps the names configs had before the field
+        blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
     @classmethod

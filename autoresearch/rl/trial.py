@@ -235,7 +235,10 @@ class Trial:
             training = self._from_init_checkpoint(service)
         else:
             training = service.create_lora_training_client(
-                base_model=c.base_model, rank=c.lora_rank, seed=c.seed
+                base_model=c.base_model,
+                rank=c.lora_rank,
+                seed=c.seed,
+                train_unembed=c.train_unembed,
             ).result()
         tokenizer = self._tokenizer_for(training)
         train, dev, test = self._tasks()
@@ -243,6 +246,9 @@ class Trial:
         if resume is None and c.eval.baseline:
             base = service.create_sampling_client(base_model=c.base_model).result()
             self._eval(base, tokenizer, test, "test", stage="base")
+        if resume is None and c.eval.start:
+            start = training.save_weights_and_get_sampling_client().result()
+            self._eval(start, tokenizer, dev, "dev", stage="start", step=0)
         sft_start = 0 if resume is None else (resume.step if resume.phase == "sft" else c.sft.steps)
         for step in range(sft_start, c.sft.steps):
             tokens += self._sft_step(training, tokenizer, train, step)
@@ -264,9 +270,12 @@ class Trial:
             self._maybe_checkpoint(training, "rl", step + 1, c.rl.steps, tokens)
             if c.eval.every and (step + 1) % c.eval.every == 0 and step + 1 < c.rl.steps:
                 sampler = training.save_weights_and_get_sampling_client().result()
-                self._eval(sampler, tokenizer, dev, "dev", stage=f"rl-{step + 1}")
+                subset = dev[: c.eval.every_tasks] if c.eval.every_tasks else dev
+                self._eval(sampler, tokenizer, subset, "dev", stage=f"rl-{step + 1}",
+                           step=step + 1)
         sampler = training.save_weights_and_get_sampling_client().result()
-        final_dev = self._eval(sampler, tokenizer, dev, "dev", stage="final") if dev else None
+        final_dev = (self._eval(sampler, tokenizer, dev, "dev", stage="final", step=c.rl.steps)
+                     if dev else None)
         final_test = self._eval(sampler, tokenizer, test, "test", stage="final") if test else None
         checkpoint = training.save_state("final").result().path
         entries = self.record.entries()
@@ -298,6 +307,11 @@ class Trial:
             raise ValueError(
                 f"init_checkpoint {c.init_checkpoint} holds a rank-{found.lora_rank} adapter of "
                 f"{found.base_model}; the trial declares rank {c.lora_rank} of {c.base_model}"
+            )
+        if found.train_unembed is not None and found.train_unembed != c.train_unembed:
+            raise ValueError(
+                f"init_checkpoint {c.init_checkpoint} has train_unembed={found.train_unembed}; "
+                f"the trial declares train_unembed={c.train_unembed}"
             )
         training = service.create_training_client_from_state(c.init_checkpoint).result()
         self.record.append("event", message=f"started from {c.init_checkpoint}")
@@ -399,22 +413,28 @@ class Trial:
         t_behaviour = time.time()
         behaviour = behaviour_logprobs(sampler, prompts, groups, rl.temperature)
         timings["behaviour_s"] = time.time() - t_behaviour
+        used = [
+            not (rl.drop_constant_groups and is_constant([r.total for r in results]))
+            for results in scores
+        ]
+        t_ref = time.time()
+        reference_lps = self._reference_logprobs(reference, prompts, groups, used)
+        if reference is not None:
+            timings["reference_s"] = time.time() - t_ref
         datums, sampled_lps, used_groups, dropped = [], [], 0, 0
-        for prompt, sequences, results, seq_lps in zip(prompts, groups, scores, behaviour):
+        for g, (prompt, sequences, results, seq_lps) in enumerate(
+            zip(prompts, groups, scores, behaviour)
+        ):
             rewards = [r.total for r in results]
-            if rl.drop_constant_groups and is_constant(rewards):
+            if not used[g]:
                 dropped += 1
                 continue
             used_groups += 1
             advantages = group_advantages(rewards, rl.advantage)
-            for seq, adv, lps_old in zip(sequences, advantages, seq_lps):
+            for k, (seq, adv, lps_old) in enumerate(zip(sequences, advantages, seq_lps)):
                 if not seq.tokens:
                     continue
-                ref_lp = None
-                if reference is not None:
-                    full = types.ModelInput.from_ints(prompt + list(seq.tokens))
-                    lps = reference.compute_logprobs(full).result()
-                    ref_lp = [float(x) for x in lps[len(prompt) :]]
+                ref_lp = reference_lps.get((g, k))
                 per_token = token_advantages(float(adv), lps_old, ref_lp, rl.kl_coef)
                 datums.append(rl_datum(prompt, list(seq.tokens), lps_old, per_token))
                 sampled_lps.append(lps_old)
@@ -472,6 +492,32 @@ class Trial:
         self.progress(entry)
         return used_tokens
 
+    @staticmethod
+    def _reference_logprobs(
+        reference: tinker.SamplingClient | None,
+        prompts: list[list[int]],
+        groups: list[list[Any]],
+        used: list[bool],
+    ) -> dict[tuple[int, int], list[float]]:
+        """The reference model's logprobs of every sampled completion, keyed (group, sample).
+
+        All requests are submitted before any is awaited, so the server batches them instead of
+        answering one blocking round trip per sequence.
+        """
+        if reference is None:
+            return {}
+        futures = {
+            (g, k): reference.compute_logprobs(types.ModelInput.from_ints(prompts[g] + seq.tokens))
+            for g, sequences in enumerate(groups)
+            if used[g]
+            for k, seq in enumerate(sequences)
+            if seq.tokens
+        }
+        return {
+            key: [float(x) for x in future.result()[len(prompts[key[0]]) :]]
+            for key, future in futures.items()
+        }
+
     def _eval(
         self,
         sampler: tinker.SamplingClient,
@@ -479,7 +525,9 @@ class Trial:
         tasks: list[Task],
         split: str,
         stage: str,
+        step: int | None = None,
     ) -> EvalResult:
+        """`step`: RL steps done when the weights were evaluated (what pruning compares at)."""
         started = time.time()
         self.progress(
             {"type": "eval_start", "phase": "eval", "stage": stage, "split": split,
@@ -496,13 +544,16 @@ class Trial:
             self.config.eval.max_tokens,
         )
         entry = self.record.append(
-            "eval", stage=stage, seconds=round(time.time() - started, 3), **result.summary()
+            "eval", stage=stage, step=step, seconds=round(time.time() - started, 3),
+            **result.summary()
         )
         self.progress(
             {
                 "phase": "eval",
                 "stage": stage,
                 "split": split,
+                "step": step,
+                "n": result.accuracy.n,
                 "accuracy": result.accuracy.value,
                 **{"type": entry["type"]},
             }

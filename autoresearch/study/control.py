@@ -30,14 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from autoresearch.rl.trial import TrialResult
-from autoresearch.study.executors.base import Executor, StepSink, TrialJob
+from autoresearch.study.executors.base import Executor, StepSink, TrialJob, TrialStopped
 from autoresearch.study.proposers.base import Context, ProposalBatch, Proposer
 
 CONTROL_FILE = "control.json"
-
-
-class TrialStopped(RuntimeError):
-    """A trial ended early because someone asked it to stop (it did not fail)."""
+__all__ = ["ControlledExecutor", "ControlledProposer", "StudyControl", "TrialStopped"]
 
 
 @dataclass(frozen=True)

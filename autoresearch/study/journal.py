@@ -36,8 +36,9 @@ from typing import Any
 import duckdb
 
 JOURNAL_FILE = "journal.duckdb"
-STATUSES = ("queued", "running", "done", "crashed", "stopped", "discarded", "kept")
-STUDY_STATES = ("running", "interrupted", "finished")
+STATUSES = ("queued", "running", "done", "crashed", "stopped", "pruned", "discarded",
+            "kept")
+STUDY_STATES = ("running", "interrupted", "finished", "failed")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS study (
@@ -314,15 +315,22 @@ class Journal:
                 "metrics": {k: v for k, v in e.items() if k not in ("type", "time")},
             })
 
-    def put_evals(self, trial_id: str, entries: Sequence[dict[str, Any]]) -> None:
+    def put_evals(self, trial_id: str, entries: Sequence[dict[str, Any]],
+                  replace: bool = True) -> None:
+        """Store evaluations of a trial (`replace`: the record is authoritative; else they are
+        added, as evaluations streamed during training are)."""
         with self._connect() as db:
-            self._put_evals(db, trial_id, entries)
+            self._put_evals(db, trial_id, entries, replace)
 
     @classmethod
     def _put_evals(cls, db: duckdb.DuckDBPyConnection, trial_id: str,
-                   entries: Sequence[dict[str, Any]]) -> None:
-        db.execute("DELETE FROM evals WHERE trial_id = ?", [trial_id])
+                   entries: Sequence[dict[str, Any]], replace: bool = True) -> None:
+        if replace:
+            db.execute("DELETE FROM evals WHERE trial_id = ?", [trial_id])
         for e in entries:
+            if not replace:
+                db.execute("DELETE FROM evals WHERE trial_id = ? AND stage = ? AND split = ?",
+                           [trial_id, e.get("stage"), e.get("split")])
             accuracy = e.get("accuracy") or {}
             cls._insert(db, "evals", {
                 "trial_id": trial_id, "stage": e.get("stage"), "split": e.get("split"),

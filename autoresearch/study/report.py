@@ -107,6 +107,8 @@ def build(journal: Journal) -> list[Block]:
         f"{sum(t['tokens'] or 0 for t in trials)} tokens, "
         f"{sum(t['wall_seconds'] or 0 for t in trials):.0f} trial-seconds.")))
 
+    blocks += _warmup_blocks(journal, trials)
+
     blocks.append(Block("h2", "Result"))
     unfinished_study = study["state"] != "finished"
     if unfinished_study:
@@ -190,6 +192,18 @@ def build(journal: Journal) -> list[Block]:
     if series:
         blocks.append(Block("h2", "Curves"))
         blocks.append(Block("curves", series=series))
+    blocks += _dev_curve_blocks(journal, trials)
+    pruned = [e for e in journal.events() if e["kind"] == "pruning"]
+    if pruned:
+        blocks.append(Block("h2", "Pruning"))
+        blocks.append(Block("p", "Trials score a fixed dev subset during training; a candidate "
+                            "stops early only when the pruner ranks it out and it trails the "
+                            "best score at the same step by more than the noise margin. "
+                            "Pruned trials are never kept; their unspent steps stay in the "
+                            "budget."))
+        blocks.append(Block("table", headers=["trial", "step", "why"], rows=[
+            [e["trial_id"], str((e["data"] or {}).get("step", "-")), e["message"]]
+            for e in pruned]))
 
     decisions = journal.decisions()
     rule = _keep_rule(spec)
@@ -221,6 +235,8 @@ def build(journal: Journal) -> list[Block]:
         elif t["status"] == "crashed":
             last = (t["error"] or "").strip().splitlines()[-1:] or ["unknown error"]
             lessons.append(f"Crashed ({t['id']}, {_changes(t)}): {last[0]}")
+        elif t["status"] == "pruned":
+            lessons.append(f"Pruned early ({t['id']}, {_changes(t)}): {t['error'] or ''}")
         elif t["status"] == "stopped" and (t.get("progress") or {}).get("interrupted"):
             lessons.append(f"No verdict: interrupted before it finished ({t['id']}, "
                            f"{_changes(t)}; {where(t['progress'])})")
@@ -234,9 +250,53 @@ def build(journal: Journal) -> list[Block]:
     outcomes: dict[str, int] = {}
     for p in proposals:
         outcomes[p["outcome"]] = outcomes.get(p["outcome"], 0) + 1
-    blocks.append(Block("p", "Proposals: " + ", ".join(
-        f"{n} {o}" for o, n in sorted(outcomes.items())) + "."))
+    if outcomes:
+        blocks.append(Block("p", "Proposals: " + ", ".join(
+            f"{n} {o}" for o, n in sorted(outcomes.items())) + "."))
     return blocks
+
+
+def _warmup_blocks(journal: Journal, trials: list[dict[str, Any]]) -> list[Block]:
+    """The warm-up's effect: dev accuracy of the starting weights and after the warm-up, on
+    the same fixed dev tasks, with the paired difference."""
+    row = next((t for t in trials if t["role"] == "warmup"), None)
+    if row is None:
+        return []
+    from autoresearch.study.warmup import warmup_effect
+
+    blocks = [Block("h2", "Warm-up"), Block("p", row["rationale"] or "")]
+    effect = warmup_effect(journal)
+    if row["status"] != "done":
+        blocks.append(Block("p", f"The warm-up is {row['status']}: {row['error'] or ''}"))
+    if effect is not None:
+        before, after = effect
+        x, y = paired_items(after["verdicts"], before["verdicts"])
+        gain = paired_difference(x, y) if x else None
+        acc = {k: Estimate(**v["accuracy"]) for k, v in (("before", before), ("after", after))}
+        blocks.append(Block("table", headers=["dev split", "accuracy [95% CI]"], rows=[
+            ["base (before the warm-up)", str(acc["before"])],
+            ["after the warm-up", str(acc["after"])],
+            ["after - before (paired, 95% CI)", _diff(gain)]]))
+    if row.get("checkpoint"):
+        blocks.append(Block("p", f"Every trial starts from {row['checkpoint']}."))
+    return blocks
+
+
+def _dev_curve_blocks(journal: Journal, trials: list[dict[str, Any]]) -> list[Block]:
+    """Each trial's dev accuracy along training: the subset scores pruning reads, then the
+    final score on the whole dev set."""
+    rows = journal.query("SELECT trial_id, stage, accuracy, n FROM evals "
+                         "WHERE split = 'dev' ORDER BY time")
+    by_trial: dict[str, list[str]] = {}
+    for r in rows:
+        by_trial.setdefault(r["trial_id"], []).append(
+            f"{r['stage']}: {r['accuracy']:.3f} (n={r['n']})")
+    lines = [[t["id"], t["status"], " -> ".join(by_trial[t["id"]])]
+             for t in trials if t["id"] in by_trial]
+    if not lines:
+        return []
+    return [Block("h2", "Dev accuracy along training"),
+            Block("table", headers=["trial", "status", "dev accuracy by stage"], rows=lines)]
 
 
 # ------------------------------------------------------------ rendering

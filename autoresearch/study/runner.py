@@ -51,13 +51,15 @@ from autoresearch.study.executors.base import Executor, TrialJob
 from autoresearch.study.executors.local import LocalExecutor
 from autoresearch.study.journal import Journal
 from autoresearch.study.proposers import Context, ProposalBatch, Proposer, make_proposer
+from autoresearch.study.pruning import StudyPruning, TrialPruned, intermediate_step
 from autoresearch.study.space import config_diff, config_key
 from autoresearch.study.spec import Study
 from autoresearch.study.tracing import Tracer
+from autoresearch.study.warmup import WarmupFailed, WarmupStage, remote_checkpoint_exists
 
 log = logging.getLogger(__name__)
 
-FINISHED = ("done", "kept", "discarded")
+FINISHED = ("done", "kept", "discarded", "pruned")
 _IN_PROCESS: dict[Path, threading.Lock] = {}
 _IN_PROCESS_GUARD = threading.Lock()
 
@@ -86,7 +88,11 @@ def _api_key() -> str:
     return os.environ.get("TINKER_API_KEY") or "tml-local"
 
 
-def _total_steps(config: dict[str, Any]) -> int:
+def _total_steps(row: dict[str, Any]) -> int:
+    """Steps a trial spends: all it planned, or, when pruned, the ones it ran."""
+    config = row["config"]
+    if row["status"] == "pruned" and row.get("steps") is not None:
+        return int(row["steps"])
     return int(config["sft"]["steps"]) + int(config["rl"]["steps"])
 
 
@@ -113,6 +119,10 @@ class StudyRunner:
         self._buffer_lock = threading.Lock()
         self._said: set[str] = set()
         self._exploring = True
+        self._server_data: Path | None = None
+        base = study.trial_base()
+        self.pruning = StudyPruning(study.pruning, base.eval.every_tasks or base.eval.dev_tasks,
+                                    base.rl.steps)
         self._progress = progress or (lambda trial_id, state: None)
         self._trackers: dict[str, ProgressTracker] = {}
         self._interrupted = False
@@ -122,11 +132,13 @@ class StudyRunner:
         from autoresearch.study.report import write_report
 
         self._init_journal()
+        self._replay_pruning()
         try:
             with self._executor_for_study() as executor:
                 if not isinstance(executor, ControlledExecutor):
                     executor = ControlledExecutor(executor, self.control)
                 try:
+                    self._warm_up(executor)
                     self._loop(executor)
                     self._final_test(executor)
                 except KeyboardInterrupt:
@@ -135,10 +147,45 @@ class StudyRunner:
         except KeyboardInterrupt:
             self._interrupt()
             raise
+        except WarmupFailed as exc:
+            log.error("%s", exc)
+            self.journal.set_study(state="failed")
+            return self.outcome(write_report(self.dir))
         self.journal.set_study(state="finished")
         self.journal.event("study", "study finished")
         report = write_report(self.dir)
         return self.outcome(report)
+
+    def _warm_up(self, executor: Executor) -> None:
+        """Run (or reuse) the declared warm-up; every trial then starts from its checkpoint."""
+        if self.study.warmup is None:
+            return
+        from autoresearch.study.warmup import WARMUP_ID
+
+        owner, exists = None, None
+        if self._server_data is not None:
+            from server.api.auth import owner_of
+
+            owner = owner_of(_api_key())
+        elif (url := self.study.resolved_server_url()) is not None:
+            def exists(path: str) -> bool:
+                return remote_checkpoint_exists(url, _api_key(), path)
+        stage = WarmupStage(self.study, self.journal, self.dir, self._server_data, owner, exists)
+        self._trackers[WARMUP_ID] = ProgressTracker(stage.config)
+        checkpoint = stage.ensure(executor, self._step_sink(WARMUP_ID, "warmup"))
+        self.space = self.study.space(checkpoint)
+
+    def _replay_pruning(self) -> None:
+        if not self.pruning.enabled:
+            return
+        evals: dict[str, list[tuple[int, float]]] = {}
+        for row in self.journal.query("SELECT trial_id, stage, split, accuracy, summary "
+                                      "FROM evals ORDER BY time"):
+            step = intermediate_step({**(row["summary"] or {}), "stage": row["stage"],
+                                      "split": row["split"]})
+            if step is not None and row["accuracy"] is not None:
+                evals.setdefault(row["trial_id"], []).append((step, row["accuracy"]))
+        self.pruning.replay(self.journal.trials(), evals)
 
     def outcome(self, report: Path | None = None) -> StudyOutcome:
         best_id = self.journal.study()["best_trial"]
@@ -208,8 +255,9 @@ class StudyRunner:
             if url is None:
                 from server.entrypoints.runtime import ServerConfig, ServerThread
 
+                self._server_data = (self.dir / "server-data").resolve()
                 server = ServerThread(ServerConfig(model=self.study.embedded_model, port=0,
-                                                   data_dir=self.dir / "server-data", api_keys=""))
+                                                   data_dir=self._server_data, api_keys=""))
                 url = stack.enter_context(server).url
             pool = stack.enter_context(RewardPool(workers=self.study.reward_workers))
             yield LocalExecutor(url, _api_key(), pool)
@@ -264,7 +312,9 @@ class StudyRunner:
                 self._say_once("tokens", f"token budget spent: {used} of {b.max_tokens} tokens")
                 return 0
         if b.max_wall_seconds is not None:
-            elapsed = time.time() - self.journal.study()["created"]
+            # The warm-up is a one-off cost (a rerun takes it from the cache): not the search's.
+            warmup = sum(t["wall_seconds"] or 0 for t in trials if t["role"] == "warmup")
+            elapsed = time.time() - self.journal.study()["created"] - warmup
             if elapsed >= b.max_wall_seconds:
                 self._say_once("wall", f"wall-clock budget spent: {elapsed:.0f}s of "
                                f"{b.max_wall_seconds:.0f}s")
@@ -276,7 +326,7 @@ class StudyRunner:
         b = self.study.budget
         if b.max_steps is None:
             return True
-        used = sum(_total_steps(t["config"]) for t in trials if t["role"] != "confirm")
+        used = sum(_total_steps(t) for t in trials if t["role"] in ("baseline", "explore"))
         used += sum(c.sft.steps + c.rl.steps for c in planned)
         if used + config.sft.steps + config.rl.steps > b.max_steps:
             self._say_once("steps", f"step budget spent: {used} of {b.max_steps} steps planned")
@@ -403,9 +453,10 @@ class StudyRunner:
                                   progress=dict(tracker.state))
         self._progress(row["id"], dict(tracker.state))
         log.info("running %s", row["id"])
-        return threads.submit(_run_exclusively, executor, job, self._step_sink(row["id"]))
+        return threads.submit(_run_exclusively, executor, job,
+                              self._step_sink(row["id"], row["role"]))
 
-    def _step_sink(self, trial_id: str):
+    def _step_sink(self, trial_id: str, role: str):
         def sink(entry: dict[str, Any]) -> None:
             tracker = self._trackers.get(trial_id)
             before = tracker.state["phase"] if tracker else None
@@ -418,8 +469,30 @@ class StudyRunner:
                 self._flush_steps(trial_id)
             if state is not None:
                 self._progress(trial_id, state)
+            if entry.get("type") == "eval":
+                self._intermediate(trial_id, role, entry)  # may stop the trial (pruned)
 
         return sink
+
+    def _intermediate(self, trial_id: str, role: str, entry: dict[str, Any]) -> None:
+        """A dev score during training: report it to the pruner; stop the trial if pruned."""
+        step = intermediate_step(entry)
+        value = entry.get("accuracy")
+        if isinstance(value, dict):
+            value = value.get("value")
+        if step is None or value is None:
+            return
+        accuracy = entry["accuracy"] if isinstance(entry["accuracy"], dict) else {
+            "value": value, "n": entry.get("n")}
+        self.journal.put_evals(trial_id, [{**entry, "accuracy": accuracy,
+                                           "time": entry.get("time") or time.time()}],
+                               replace=False)
+        numbers = self.pruning.report(trial_id, role, step, float(value))
+        if numbers is not None:
+            raise TrialPruned(
+                f"pruned at RL step {step}: dev subset {numbers['value']:.3f} vs best "
+                f"{numbers['best']:.3f} at that step, behind by more than the noise margin "
+                f"{numbers['margin']:.3f} (n={numbers['n']}; {numbers['rule']})", step)
 
     def _flush_steps(self, trial_id: str) -> None:
         with self._buffer_lock:
@@ -445,6 +518,18 @@ class StudyRunner:
             TrialConfig.model_validate(row["config"]))
         try:
             result: TrialResult = future.result()
+        except TrialPruned as exc:
+            ran = int(row["config"]["sft"]["steps"]) + exc.step  # pruned after RL step k
+            tokens = sum(int(e.get("tokens") or 0) for e in steps or streamed)
+            last = tracker.end("pruned")
+            self._progress(trial_id, last)
+            self.journal.finish_trial(trial_id, steps, evals, status="pruned",
+                                      finished=time.time(), error=str(exc), steps=ran,
+                                      tokens=tokens, progress=last)
+            self.journal.event("pruning", str(exc), trial_id, step=exc.step)
+            self.pruning.finish(trial_id, None, pruned=True)
+            log.info("trial %s %s", trial_id, exc)
+            return
         except TrialStopped as exc:
             last = tracker.end("stopped")
             self._progress(trial_id, last)
@@ -460,6 +545,7 @@ class StudyRunner:
             self.journal.finish_trial(trial_id, steps, evals, status="crashed",
                                       finished=time.time(), error=error, progress=last)
             self.journal.event("trial", f"crashed: {type(exc).__name__}: {exc}", trial_id)
+            self.pruning.finish(trial_id, None)
             log.warning("trial %s crashed: %s", trial_id, exc)
             return
         dev, test = result.dev or {}, result.test or {}
@@ -474,6 +560,7 @@ class StudyRunner:
             test_high=tacc.get("high"), test_n=tacc.get("n"), dev=result.dev, test=result.test,
             steps=result.steps, tokens=result.tokens, wall_seconds=result.wall_seconds,
             checkpoint=result.checkpoint, progress=last)
+        self.pruning.finish(trial_id, acc.get("value"))
         log.info("trial %s done: dev accuracy %s", trial_id, acc.get("value"))
         self._trace_trial(trial_id, row["config"], row["rationale"], acc, result.steps,
                           result.tokens, result.wall_seconds)

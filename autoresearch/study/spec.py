@@ -19,7 +19,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from autoresearch.rl.config import TrialConfig
+from autoresearch.rl.config import RLConfig, SFTConfig, TrialConfig
 from autoresearch.study.space import DEFAULT_SPACE, Param, SearchSpace
 
 
@@ -37,7 +37,8 @@ class Budget(_Strict):
     max_tokens: int | None = Field(None, ge=1)
     """Total tokens trained on (counted as trials finish)."""
     max_wall_seconds: float | None = Field(None, gt=0)
-    """No new trial is proposed after this long since the study was created."""
+    """No new trial is proposed after this long since the study was created (the time its
+    warm-up took, if it trained one, not counted)."""
     confirm_seeds: int = Field(2, ge=0, le=16)
     """Fresh seeds each contender is re-run with to confirm a promising first look (0: nothing
     can be kept)."""
@@ -84,6 +85,37 @@ class ExecutorSpec(_Strict):
     poll_seconds: float = Field(5.0, gt=0, le=600)
 
 
+class WarmupSpec(_Strict):
+    """Training every trial of the study starts from: run once, cached by its config, so a
+    second study (or a rerun) with the same warm-up reuses it. Model, rank, seed, prompt style,
+    reward and dev tasks are the base trial's."""
+
+    sft: SFTConfig = SFTConfig(steps=30, batch_size=8, adam={"learning_rate": 5e-4})
+    rl: RLConfig = RLConfig(steps=0)
+    checkpoint_every: int = Field(10, ge=1, le=100_000)
+    cache_dir: str | None = None
+    """Where finished warm-ups are kept (default $AUTORESEARCH_WARMUPS, else
+    $AUTORESEARCH_CACHE/warmups, else ~/.cache/autoresearch/warmups). Under Kubernetes, a path
+    on the results volume, so other study pods find it."""
+
+
+class PruningSpec(_Strict):
+    """Stop losing trials early: trials score a fixed dev subset every `every` RL steps and
+    Optuna's pruner compares them at equal steps; a trial is pruned only when the pruner says
+    so and it is behind the best score at that step by more than `margin_z` standard errors."""
+
+    kind: Literal["none", "successive_halving", "hyperband"] = "none"
+    every: int = Field(2, ge=1, le=100_000)
+    """RL steps between evaluations on the dev subset."""
+    dev_tasks: int | None = Field(None, ge=1, le=100_000)
+    """Size of that subset: the first tasks of the fixed dev set (default: all of them)."""
+    min_resource: int = Field(2, ge=1, le=100_000)
+    """RL steps a trial runs before it can be pruned."""
+    reduction_factor: int = Field(3, ge=2, le=100)
+    margin_z: float = Field(1.0, ge=0, le=10)
+    """Noise margin: standard errors of the difference of two accuracies on the subset."""
+
+
 class TracingSpec(_Strict):
     project: str | None = None
     """Weave project; default $WEAVE_PROJECT. Tracing also needs $WANDB_API_KEY."""
@@ -105,6 +137,9 @@ class Study(_Strict):
     reward_workers: int | None = Field(None, ge=1, le=256)
     """Scoring processes shared by the local trials (default: one per CPU core)."""
     base_trial: TrialConfig = TrialConfig()
+    warmup: WarmupSpec | None = None
+    """A study-level warm-up every trial forks from (its `init_checkpoint`)."""
+    pruning: PruningSpec = PruningSpec()
     search_space: dict[str, Param] = Field(default_factory=lambda: dict(DEFAULT_SPACE))
     budget: Budget = Budget()
     proposer: ProposerSpec = ProposerSpec()
@@ -122,12 +157,40 @@ class Study(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> Study:
         self.space()  # unknown fields or bad bounds fail here, not mid-study
+        if self.warmup is not None:
+            self.warmup_trial()
+        if self.pruning.kind != "none" and self.pruning.every >= self.base_trial.rl.steps:
+            raise ValueError(f"pruning.every={self.pruning.every} needs more RL steps than "
+                             f"base_trial.rl.steps={self.base_trial.rl.steps} to compare at")
         if self.proposer.kind == "openai" and not self.proposer.model:
             raise ValueError("proposer.model is required for an OpenAI-compatible endpoint")
         return self
 
-    def space(self) -> SearchSpace:
-        return SearchSpace(self.search_space, self.base_trial)
+    def trial_base(self, init_checkpoint: str | None = None) -> TrialConfig:
+        """The base trial as trials run it: with the pruning evaluations, and from the warm-up's
+        checkpoint once it exists."""
+        base = self.base_trial
+        if self.pruning.kind != "none":
+            base = base.with_changes({"eval.every": self.pruning.every,
+                                      "eval.every_tasks": self.pruning.dev_tasks})
+        if init_checkpoint is not None:
+            base = base.with_changes({"init_checkpoint": init_checkpoint})
+        return base
+
+    def space(self, init_checkpoint: str | None = None) -> SearchSpace:
+        return SearchSpace(self.search_space, self.trial_base(init_checkpoint))
+
+    def warmup_trial(self) -> TrialConfig:
+        """The warm-up as a trial: the base trial's model, data and dev tasks, the warm-up's
+        training; scored on dev before and after (no test split)."""
+        if self.warmup is None:
+            raise ValueError("the study declares no warm-up")
+        w = self.warmup
+        return self.base_trial.with_changes({
+            "name": "warmup", "sft": w.sft.model_dump(mode="json"),
+            "rl": w.rl.model_dump(mode="json"), "checkpoint_every": w.checkpoint_every,
+            "eval.every": 0, "eval.every_tasks": None, "eval.test_tasks": 0,
+            "eval.baseline": False, "eval.start": True})
 
     def directory(self) -> Path:
         return Path(self.output_dir or Path("runs") / "studies" / self.name)

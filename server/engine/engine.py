@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.utils.checkpoint
 
-from server.engine import losses
+from server.engine import decoding, host_decoding, losses, prefix_sharing
 from server.engine.lora import AdapterWeights, LoraSpec, RowGroup, new_adapter, routing, wrap_model
 from server.engine.model_loading import LoadedModel
 from server.protocol.codec import Datum, SampledSequence, SampleResult
@@ -103,6 +105,8 @@ backward cost about 1 MiB per token on Gemma 3 270M, so a CPU box sharing its RA
 everything else gets small micro-batches; they are large enough to keep its cores busy."""
 DEFAULT_TOKENS_PER_MICROBATCH = 8192
 HEAD_CHUNK = 512
+SHARE_PREFIXES_ENV = "AUTORESEARCH_SHARE_PREFIXES"
+DEVICE_SAMPLING_ENV = "AUTORESEARCH_DEVICE_SAMPLING"
 """Positions per output-head chunk (bounds the vocabulary-wide tensors: about 1 MiB per
 position each on Gemma's 262k vocabulary)."""
 
@@ -124,7 +128,13 @@ def _cache_of(output: object) -> object:
 class Engine:
     """Owns the base model and runs batched training and sampling on it."""
 
-    def __init__(self, loaded: LoadedModel, max_context: int | None = None):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        max_context: int | None = None,
+        share_prefixes: bool | None = None,
+        device_sampling: bool | None = None,
+    ):
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.model_name = loaded.model_name
@@ -136,6 +146,8 @@ class Engine:
         self.vocab_size = int(self.model.get_output_embeddings().out_features)
         self.max_context = int(max_context or getattr(config, "max_position_embeddings", 8192))
         self.eos_ids = self._eos_ids()
+        anchor = self.tokenizer.encode("a", add_special_tokens=False) or [0]
+        self._pieces = decoding.TokenPieces(self.tokenizer.decode, int(anchor[0]))
         self._body = self.model.get_decoder()
         self._head = self.model.get_output_embeddings()
         self._softcap = getattr(config, "final_logit_softcapping", None)
@@ -146,6 +158,26 @@ class Engine:
         self.tokens_per_microbatch = TOKENS_PER_MICROBATCH.get(
             torch.device(self.device).type, DEFAULT_TOKENS_PER_MICROBATCH
         )
+        if share_prefixes is None:
+            share_prefixes = os.environ.get(SHARE_PREFIXES_ENV, "1") != "0"
+        self.share_prefixes = share_prefixes
+        """Compute prompt prefixes shared by several datums once (see `prefix_sharing`); off:
+        every datum on its own row, as before (kept for benchmarks and as a reference)."""
+        if device_sampling is None:
+            device_sampling = os.environ.get(DEVICE_SAMPLING_ENV, "1") != "0"
+        self.device_sampling = device_sampling
+        """Choose tokens where the logits are (see `decoding`); off: the host-side loop of
+        `host_decoding`, kept as the reference a benchmark compares with."""
+        self._layer_types = set(getattr(config, "layer_types", None) or [])
+        self._sliding_window = getattr(config, "sliding_window", None)
+        attn = getattr(config, "_attn_implementation", None)
+        # Packed rows need per-layer-type 4-D masks, which Gemma 3 takes with SDPA or eager.
+        self._can_pack = (
+            bool(self._layer_types)
+            and self._layer_types <= {"sliding_attention", "full_attention"}
+            and attn in ("sdpa", "eager")
+        )
+        self._additive_masks = attn == "eager"
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -347,8 +379,11 @@ class Engine:
         ]
         per_row_lp: dict[tuple[int, int], np.ndarray] = {}
         per_row_loss: dict[tuple[int, int], float] = {}
-        for chunk in self._microbatches(jobs, rows):
-            self._run_microbatch(jobs, chunk, per_row_lp, per_row_loss)
+        if self.share_prefixes and self._can_pack:
+            self._forward_packed(jobs, rows, per_row_lp, per_row_loss)
+        else:
+            for chunk in self._microbatches(jobs, rows):
+                self._run_microbatch(jobs, chunk, per_row_lp, per_row_loss)
         results = []
         for j, job in enumerate(jobs):
             outputs = [{"logprobs": per_row_lp[(j, i)]} for i in range(len(job.data))]
@@ -443,6 +478,260 @@ class Engine:
             if needs_grad and total.requires_grad:
                 total.backward()
 
+    def _forward_packed(
+        self,
+        jobs: list[ForwardBackwardJob],
+        rows: list[tuple[int, int]],
+        per_row_lp: dict[tuple[int, int], np.ndarray],
+        per_row_loss: dict[tuple[int, int], float],
+    ) -> None:
+        """All rows through packed micro-batches; datums share a row only within one adapter."""
+        packed = prefix_sharing.plan_rows(
+            [jobs[j].data[i].tokens for j, i in rows],
+            [(id(jobs[j].state.adapter), jobs[j].forward_only) for j, _ in rows],
+            row_tokens=min(prefix_sharing.ROW_TOKENS, self.tokens_per_microbatch),
+        )
+        for part in self._packed_microbatches(packed):
+            self._run_packed(jobs, rows, part, per_row_lp, per_row_loss)
+
+    def _packed_microbatches(
+        self, packed: list[prefix_sharing.PackedRow]
+    ) -> list[list[prefix_sharing.PackedRow]]:
+        """Packed rows in micro-batches of at most `tokens_per_microbatch` padded tokens."""
+        parts: list[list[prefix_sharing.PackedRow]] = [[]]
+        longest = 0
+        for row in packed:
+            n = len(row.tokens)
+            if parts[-1] and max(longest, n) * (len(parts[-1]) + 1) > self.tokens_per_microbatch:
+                parts.append([])
+                longest = 0
+            parts[-1].append(row)
+            longest = max(longest, n)
+        return parts
+
+    def _packed_inputs(
+        self, packed: list[prefix_sharing.PackedRow]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """Padded `[rows, width]` tokens, positions, real-position mask, and attention masks."""
+        width = max(len(r.tokens) for r in packed)
+        tokens = torch.zeros((len(packed), width), dtype=torch.long)
+        positions = torch.zeros((len(packed), width), dtype=torch.long)
+        segments = torch.full((len(packed), width), -1, dtype=torch.long)
+        for k, row in enumerate(packed):
+            n = len(row.tokens)
+            tokens[k, :n] = torch.from_numpy(row.tokens)
+            positions[k, :n] = torch.from_numpy(row.positions)
+            segments[k, :n] = torch.from_numpy(row.segments)
+            positions[k, n:] = torch.arange(width - n) + int(row.positions.max()) + 1
+        real = segments >= 0
+        masks = prefix_sharing.attention_masks(
+            segments.to(self.device),
+            positions.to(self.device),
+            real.to(self.device),
+            self._layer_types,
+            self._sliding_window,
+            self.dtype if self._additive_masks else None,
+        )
+        return tokens, positions, real, masks
+
+    def _run_packed(
+        self,
+        jobs: list[ForwardBackwardJob],
+        rows: list[tuple[int, int]],
+        packed: list[prefix_sharing.PackedRow],
+        per_row_lp: dict[tuple[int, int], np.ndarray],
+        per_row_loss: dict[tuple[int, int], float],
+    ) -> None:
+        """One micro-batch of packed rows: the shared-prefix twin of `_run_microbatch`.
+
+        The body runs once over the packed rows. The output head scores each distinct packed
+        position once (a shared prompt position once per row, not once per datum) and every
+        datum's targets are gathered from it; the scores are laid out again as `[datum, time]`
+        so the losses see exactly what they see without sharing.
+        """
+        dev = self.device
+        tokens, positions, real, masks = self._packed_inputs(packed)
+        n_rows, width = tokens.shape
+        # Rows of one adapter are adjacent (the planner groups them by key).
+        row_groups: list[RowGroup] = []
+        for k, row in enumerate(packed):
+            adapter = jobs[rows[row.members[0]][0]].state.adapter
+            if row_groups and row_groups[-1].adapter is adapter:
+                row_groups[-1] = RowGroup(adapter, row_groups[-1].start, k + 1)
+            else:
+                row_groups.append(RowGroup(adapter, k, k + 1))
+        # Every real packed position, row-major, gets a compact index for the output head.
+        flat_real = real.flatten().nonzero(as_tuple=True)[0]
+        compact = torch.full((n_rows * width,), -1, dtype=torch.long)
+        compact[flat_real] = torch.arange(len(flat_real))
+        offsets = np.concatenate([[0], np.cumsum(real.sum(1).numpy())]).tolist()
+
+        # The datums of this micro-batch, and one (position, target) pair per scored target.
+        members = [(k, m, d) for k, row in enumerate(packed) for m, d in enumerate(row.members)]
+        lengths = [len(jobs[rows[d][0]].data[rows[d][1]].tokens) for _, _, d in members]
+        pairs: dict[str, list[np.ndarray]] = {n: [] for n in ("pos", "tgt", "b", "t", "k", "on")}
+        depth = 1
+        for b, (k, m, d) in enumerate(members):
+            j, i = rows[d]
+            job, datum = jobs[j], jobs[j].data[i]
+            targets = datum.inputs["target_tokens"]
+            targets = targets[:, None] if targets.ndim == 1 else targets
+            n, kk = targets.shape
+            depth = max(depth, kk)
+            where = compact[torch.from_numpy(k * width + packed[k].columns[m])].numpy()
+            pairs["pos"].append(np.repeat(where, kk))
+            pairs["tgt"].append(targets.reshape(-1).astype(np.int64))
+            pairs["b"].append(np.full(n * kk, b))
+            pairs["t"].append(np.repeat(np.arange(n), kk))
+            pairs["k"].append(np.tile(np.arange(kk), n))
+            if job.forward_only:
+                pairs["on"].append(np.zeros(n * kk, dtype=bool))
+            else:
+                pairs["on"].append(_active_pairs(job.loss_fn, datum.inputs, n, kk))
+        flat = {name: torch.from_numpy(np.concatenate(parts)) for name, parts in pairs.items()}
+        pos, tgt = flat["pos"], flat["tgt"]
+        needs_grad = any(not jobs[rows[d][0]].forward_only for _, _, d in members)
+
+        with torch.set_grad_enabled(needs_grad):
+            with routing(row_groups):
+                hidden = self._body(
+                    input_ids=tokens.to(dev),
+                    attention_mask=masks,
+                    position_ids=positions.to(dev),
+                    use_cache=False,
+                ).last_hidden_state
+            hidden = hidden.reshape(n_rows * width, -1)[flat_real.to(dev)]
+            n_pos = hidden.shape[0]
+            active = torch.zeros(n_pos, dtype=torch.bool)
+            active[pos[flat["on"]]] = True
+            if not (needs_grad and bool(active.any())):
+                active[:] = False
+            # Each position goes through the head once without gradients if no loss term reads
+            # it, else once with them (checkpointed): never both, never once per datum.
+            values = torch.zeros(len(pos), dtype=torch.float32, device=dev)
+            for with_grad in (False, True):
+                subset = active if with_grad else ~active
+                if bool(subset.any()):
+                    with torch.set_grad_enabled(with_grad):
+                        values = self._subset_logprobs(
+                            values, hidden, pos, tgt, subset, offsets, row_groups, with_grad
+                        )
+            layout = torch.zeros((len(members), max(lengths), depth), device=dev)
+            index = (flat["b"].to(dev), flat["t"].to(dev), flat["k"].to(dev))
+            target_lp = torch.index_put(layout, index, values)
+            total = torch.zeros((), device=dev)
+            by_job: dict[int, list[int]] = {}
+            for b, (_, _, d) in enumerate(members):
+                by_job.setdefault(rows[d][0], []).append(b)
+            for j, batch_rows in by_job.items():
+                job = jobs[j]
+                datums = [job.data[rows[members[b][2]][1]] for b in batch_rows]
+                one_d = datums[0].inputs["target_tokens"].ndim == 1
+                kk = 1 if one_d else max(d.inputs["target_tokens"].shape[1] for d in datums)
+                lp = target_lp[torch.tensor(batch_rows, device=dev)][:, :, :kk]
+                if one_d:
+                    lp = lp[:, :, 0]
+                names = {name for d in datums for name in d.inputs} - {"target_tokens"}
+                width_j = max(len(d.tokens) for d in datums)
+                lp = lp[:, :width_j]
+                inputs = {
+                    name: _pad([d.inputs[name] for d in datums], width_j, 0, torch.float32).to(dev)
+                    for name in names
+                }
+                row_losses = losses.resolve(job.loss_fn)(lp, inputs, job.loss_fn_config)
+                if not job.forward_only:
+                    total = total + row_losses.sum()
+                for q, b in enumerate(batch_rows):
+                    key = rows[members[b][2]]
+                    per_row_lp[key] = lp[q, : lengths[b]].detach().float().cpu().numpy()
+                    per_row_loss[key] = float(row_losses[q].detach())
+            if needs_grad and total.requires_grad:
+                total.backward()
+
+    def _subset_logprobs(
+        self,
+        values: torch.Tensor,
+        hidden: torch.Tensor,
+        pos: torch.Tensor,
+        tgt: torch.Tensor,
+        subset: torch.Tensor,
+        offsets: list[int],
+        row_groups: list[RowGroup],
+        with_grad: bool,
+    ) -> torch.Tensor:
+        """`values` with the pairs on `subset` positions scored through the head."""
+        picked = subset.nonzero(as_tuple=True)[0]
+        remap = torch.full((len(subset),), -1, dtype=torch.long)
+        remap[picked] = torch.arange(len(picked))
+        on_subset = subset[pos]
+        per_row = [int(subset[a:b].sum()) for a, b in zip(offsets[:-1], offsets[1:])]
+        kept = np.concatenate([[0], np.cumsum(per_row)]).tolist()
+        groups = [RowGroup(g.adapter, kept[g.start], kept[g.stop]) for g in row_groups]
+        source = hidden[picked.to(self.device)]
+        scored = self._pair_logprobs(
+            source if with_grad else source.detach(),
+            remap[pos[on_subset]],
+            tgt[on_subset],
+            groups,
+            checkpointed=with_grad,
+        )
+        index = on_subset.nonzero(as_tuple=True)[0].to(self.device)
+        return torch.index_put(values, (index,), scored)
+
+    def _pair_logprobs(
+        self,
+        hidden: torch.Tensor,
+        pos: torch.Tensor,
+        targets: torch.Tensor,
+        groups: list[RowGroup],
+        checkpointed: bool,
+    ) -> torch.Tensor:
+        """log p(targets[m] | position pos[m]) for `[P, H]` positions, HEAD_CHUNK at a time.
+
+        Each position's vocabulary-wide log-softmax is computed once however many targets read
+        it. With `checkpointed`, a chunk's logits are recomputed in backward instead of kept.
+        """
+        order = torch.argsort(pos, stable=True)
+        pos_sorted, tgt_sorted = pos[order], targets[order]
+        positions = hidden.shape[0]
+        starts = torch.arange(0, positions + HEAD_CHUNK, HEAD_CHUNK)
+        bounds = torch.searchsorted(pos_sorted, starts).tolist()
+        parts = []
+        for c, first in enumerate(range(0, positions, HEAD_CHUNK)):
+            stop = min(positions, first + HEAD_CHUNK)
+            a, b = bounds[c], bounds[c + 1]
+            local = [
+                RowGroup(g.adapter, max(g.start, first) - first, min(g.stop, stop) - first)
+                for g in groups
+                if g.start < stop and g.stop > first
+            ]
+            args = (
+                hidden[first:stop],
+                (pos_sorted[a:b] - first).to(self.device),
+                tgt_sorted[a:b].to(self.device),
+                local,
+            )
+            if checkpointed:
+                parts.append(
+                    torch.utils.checkpoint.checkpoint(self._gather_head, *args, use_reentrant=False)
+                )
+            else:
+                parts.append(self._gather_head(*args))
+        values = torch.cat(parts)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(len(order))
+        return values[inverse.to(self.device)]
+
+    def _gather_head(
+        self, hidden: torch.Tensor, pos: torch.Tensor, targets: torch.Tensor, groups: list[RowGroup]
+    ) -> torch.Tensor:
+        """Log-softmax over the vocabulary for `hidden`, read at `(pos, targets)` pairs."""
+        with routing(groups):
+            logits = self._head(hidden).float()
+        if self._softcap:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return torch.log_softmax(logits, dim=-1)[pos, targets]
+
     def optim_step(self, state: RunState, params: AdamParams) -> dict[str, float]:
         """One AdamW step on this run only; its gradient norm is clipped on its own gradients."""
         started = time.perf_counter()
@@ -511,26 +800,68 @@ class Engine:
         """Decode every job's samples together in one batched loop with a KV cache."""
         started = time.perf_counter()
         results = [SampleResult(sequences=[]) for _ in jobs]
-        for job, result in zip(jobs, results):
+        together = [
+            j
+            for j, job in enumerate(jobs)
+            if job.prompt_logprobs and not job.topk_prompt_logprobs and len(job.prompt) > 1
+        ]
+        if together and self.share_prefixes and self._can_pack:
+            scored = self._shared_prompt_logprobs([jobs[j] for j in together])
+            for j, values in zip(together, scored):
+                results[j].prompt_logprobs = values
+        else:
+            together = []
+        for j, (job, result) in enumerate(zip(jobs, results)):
+            if j in together:
+                continue
             if job.prompt_logprobs or job.topk_prompt_logprobs:
                 values, top = self.prompt_logprobs(
                     job.adapter, job.prompt, job.topk_prompt_logprobs
                 )
                 result.prompt_logprobs = values if job.prompt_logprobs else None
                 result.topk_prompt = top
-        decoding = [(j, job) for j, job in enumerate(jobs) if self._max_new(job) > 0]
+        to_decode = [(j, job) for j, job in enumerate(jobs) if self._max_new(job) > 0]
         for j, job in enumerate(jobs):
             if self._max_new(job) == 0:
                 results[j].sequences = [
                     SampledSequence([], [], False) for _ in range(job.num_samples)
                 ]
-        if decoding:
-            sequences = self._decode([job for _, job in decoding])
-            for (j, _), seqs in zip(decoding, sequences):
+        if to_decode:
+            sequences = self._decode([job for _, job in to_decode])
+            for (j, _), seqs in zip(to_decode, sequences):
                 results[j].sequences = seqs
         self.stats.busy_seconds += time.perf_counter() - started
         self.stats.sample_batches += 1
         return results
+
+    def _shared_prompt_logprobs(self, jobs: list[SampleJob]) -> list[np.ndarray]:
+        """`prompt_logprobs` of many prompts in packed forwards: prompts of one adapter that
+        share a prefix (a group's samples scored against a reference) compute it once."""
+        scoring = [
+            ForwardBackwardJob(
+                # Scoring only: never stepped, so no optimizer.
+                RunState(job.adapter, None),  # type: ignore[arg-type]
+                [
+                    Datum(
+                        np.asarray(job.prompt[:-1], dtype=np.int64),
+                        {
+                            "target_tokens": np.asarray(job.prompt[1:], dtype=np.int64),
+                            "weights": np.zeros(len(job.prompt) - 1, dtype=np.float32),
+                        },
+                    )
+                ],
+                "cross_entropy",
+                {},
+                True,
+            )
+            for job in jobs
+        ]
+        per_row_lp: dict[tuple[int, int], np.ndarray] = {}
+        self._forward_packed(scoring, [(j, 0) for j in range(len(jobs))], per_row_lp, {})
+        return [
+            np.concatenate([[np.nan], per_row_lp[(j, 0)]]).astype(np.float32)
+            for j in range(len(jobs))
+        ]
 
     def _decode(self, jobs: list[SampleJob]) -> list[list[SampledSequence]]:
         """Decode every job's rows together; finished rows leave the batch as they pile up.
@@ -553,8 +884,13 @@ class Engine:
             tokens[j, width - len(job.prompt) :] = torch.tensor(job.prompt)
             mask[j, width - len(job.prompt) :] = 1
         tokens, mask = tokens.to(self.device), mask.to(self.device)
-        generators = _row_generators(jobs)
-        stops = [self._stop_rule(job) for job in jobs]
+        params = self._row_params(jobs)
+        stops = [self._stop_rule(job) for job in jobs for _ in range(job.num_samples)]
+        on_host = not self.device_sampling
+        if on_host:
+            generators = host_decoding.row_generators(
+                [job.params.seed for job in jobs], [job.num_samples for job in jobs]
+            )
         max_new = [self._max_new(job) for job in jobs]
         out_tokens: list[list[int]] = [[] for _ in range(rows)]
         out_lps: list[list[float]] = [[] for _ in range(rows)]
@@ -577,16 +913,31 @@ class Engine:
         if rows != len(jobs):
             cache.batch_select_indices(expand)
         mask, positions = mask[expand], positions[expand]
-        logits = out.logits[:, -1].float()[expand]
+        logits = out.logits[:, -1][expand]
+        step = 0
         while True:
-            picks = self._choose(jobs, owners, live, logits, generators, out_tokens, out_lps, done)
-            for r in live:
+            if on_host:
+                blocks = [
+                    (p.temperature, p.top_k, p.top_p, first, stop)
+                    for j, first, stop in _job_blocks(owners, live)
+                    for p in (jobs[j].params,)
+                ]
+                picks, picked_lp = host_decoding.choose(blocks, live, logits, generators, done)
+                picks = picks.to(self.device)
+            else:
+                picks, picked_lp = decoding.choose(logits, params, step)
+            # The step's one host synchronisation: chosen ids (exact in float32) and logprobs.
+            chosen = torch.stack([picks.to(torch.float32), picked_lp.to(picks.device)])
+            chosen = chosen.cpu().tolist()
+            step += 1
+            for k, r in enumerate(live):
                 if done[r]:
                     continue
-                j = owners[r]
-                if stops[j](out_tokens[r]):
+                out_tokens[r].append(int(chosen[0][k]))
+                out_lps[r].append(chosen[1][k])
+                if stops[r](out_tokens[r]):
                     done[r] = stopped[r] = True
-                elif len(out_tokens[r]) >= max_new[j]:
+                elif len(out_tokens[r]) >= max_new[owners[r]]:
                     done[r] = True
             finished = sum(done[r] for r in live)
             if finished == len(live):
@@ -598,6 +949,7 @@ class Engine:
                 index = torch.tensor(keep, device=self.device)
                 cache.batch_select_indices(index)
                 mask, positions, picks = mask[index], positions[index], picks[index]
+                params = params.select(index)
                 live = [live[k] for k in keep]
             mask = torch.cat(
                 [mask, torch.ones((len(live), 1), dtype=mask.dtype, device=self.device)], 1
@@ -612,98 +964,61 @@ class Engine:
                     **{self._cache_kw: cache},
                 )
             cache = _cache_of(out)
-            logits = out.logits[:, -1].float()
+            logits = out.logits[:, -1]
         self.stats.sample_tokens += sum(len(t) for t in out_tokens)
         results: list[list[SampledSequence]] = [[] for _ in jobs]
         for r in range(rows):
             results[owners[r]].append(SampledSequence(out_tokens[r], out_lps[r], stopped[r]))
         return results
 
-    def _choose(
-        self,
-        jobs: list[SampleJob],
-        owners: list[int],
-        live: list[int],
-        logits: torch.Tensor,
-        generators: list[torch.Generator],
-        out_tokens: list[list[int]],
-        out_lps: list[list[float]],
-        done: list[bool],
-    ) -> torch.Tensor:
-        """Pick each live row's next token under its job's sampling parameters."""
-        chosen = torch.zeros(len(live), dtype=torch.long)
-        for j, first, stop in _job_blocks(owners, live):
-            p = jobs[j].params
-            block = logits[first:stop].cpu()
-            if p.temperature == 0:
-                logp = torch.log_softmax(block, -1)
-                picks = block.argmax(-1)
-            else:
-                scaled = block / p.temperature
-                logp = torch.log_softmax(scaled, -1)
-                filtered = scaled
-                if p.top_k and p.top_k > 0 and p.top_k < filtered.shape[-1]:
-                    kth = torch.topk(filtered, p.top_k, dim=-1).values[:, -1:]
-                    filtered = filtered.masked_fill(filtered < kth, -math.inf)
-                if p.top_p < 1.0:
-                    sorted_logits, order = torch.sort(filtered, descending=True, dim=-1)
-                    cum = torch.softmax(sorted_logits, -1).cumsum(-1)
-                    drop = cum - torch.softmax(sorted_logits, -1) > p.top_p
-                    sorted_logits = sorted_logits.masked_fill(drop, -math.inf)
-                    filtered = torch.full_like(filtered, -math.inf).scatter(
-                        -1, order, sorted_logits
-                    )
-                # Inverse-CDF draw with one uniform from each row's own stream.
-                cdf = torch.softmax(filtered, -1).cumsum(-1)
-                uniform = torch.tensor(
-                    [
-                        0.5 if done[r] else float(torch.rand((), generator=generators[r]))
-                        for r in live[first:stop]
-                    ],
-                    dtype=cdf.dtype,
-                )
-                picks = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True)
-                picks = picks[:, 0].clamp_(max=cdf.shape[-1] - 1)
-            picked_lp = torch.gather(logp, -1, picks[:, None])[:, 0]
-            chosen[first:stop] = picks
-            for k, r in enumerate(live[first:stop]):
-                if not done[r]:
-                    out_tokens[r].append(int(picks[k]))
-                    out_lps[r].append(float(picked_lp[k]))
-        return chosen.to(self.device)
+    def _row_params(self, jobs: list[SampleJob]) -> decoding.RowParams:
+        """Every row's sampling parameters and random key, on the device.
 
-    def _stop_rule(self, job: SampleJob):
-        """A predicate on the generated tokens: has this row hit a stop condition?"""
+        A row's key comes from its job's seed (or a fresh one) and its index in the job, so
+        what a row samples does not depend on which other requests share its batch or on when
+        finished rows were dropped.
+        """
+        temperatures, top_ks, top_ps, keys = [], [], [], []
+        for job in jobs:
+            p = job.params
+            seed = p.seed
+            base = int(torch.randint(0, 2**62, ())) if seed is None else int(seed)
+            for k in range(job.num_samples):
+                temperatures.append(float(p.temperature))
+                top_ks.append(int(p.top_k) if p.top_k and p.top_k > 0 else 0)
+                top_ps.append(float(p.top_p))
+                keys.append(decoding.row_key(base, k))
+        return decoding.row_params(temperatures, top_ks, top_ps, keys, self.device)
+
+    def _stop_rule(self, job: SampleJob) -> Callable[[list[int]], bool]:
+        """A fresh per-row predicate on the generated tokens, called once per new token."""
         stop = job.params.stop
         if stop is None:
             eos = self.eos_ids
-            return lambda toks: bool(toks) and toks[-1] in eos
+            return lambda toks: toks[-1] in eos
         if not stop:
             return lambda toks: False
         if isinstance(stop[0], int):
             ids = set(stop)
-            return lambda toks: bool(toks) and toks[-1] in ids
+            return lambda toks: toks[-1] in ids
         strings = [s for s in stop if s]
-        window = max(len(s) for s in strings) + 8 if strings else 0
-
-        def hit(toks: list[int]) -> bool:
-            if not strings or not toks:
-                return False
-            tail = self.tokenizer.decode(toks[-window:])
-            return any(s in tail for s in strings)
-
-        return hit
+        if not strings:
+            return lambda toks: False
+        if not self.device_sampling:
+            return host_decoding.text_stop_rule(strings, self.tokenizer.decode)
+        return decoding.StopStrings(strings, self._pieces, self.tokenizer.decode).hit
 
 
-def _row_generators(jobs: list[SampleJob]) -> list[torch.Generator]:
-    """One random stream per sampled row, from its job's seed (or a fresh one) and its index."""
-    generators = []
-    for job in jobs:
-        seed = job.params.seed
-        base = int(torch.randint(0, 2**62, ())) if seed is None else int(seed)
-        for k in range(job.num_samples):
-            generators.append(torch.Generator().manual_seed((base * 1_000_003 + k) % 2**63))
-    return generators
+def _active_pairs(loss_fn: str, inputs: dict[str, np.ndarray], n: int, depth: int) -> np.ndarray:
+    """Which of a datum's `n * depth` (position, target) pairs can have a non-zero loss term."""
+    if loss_fn == "cross_entropy":
+        weights = inputs["weights"]
+        if weights.ndim == 1:
+            return np.repeat(weights != 0, depth)
+        return (weights != 0).reshape(-1)
+    if loss_fn in ("importance_sampling", "ppo", "cispo"):
+        return np.repeat(inputs["advantages"] != 0, depth)
+    return np.ones(n * depth, dtype=bool)  # e.g. dro: its quadratic term is not masked
 
 
 def _job_blocks(owners: list[int], live: list[int]) -> list[tuple[int, int, int]]:

@@ -102,7 +102,16 @@ class Routing:
     """
 
     def __init__(self, groups: list[RowGroup]):
-        self.groups = tuple(groups)
+        # Adjacent groups of one adapter act as one (e.g. several requests on one snapshot), so
+        # a batch on a single adapter takes the layers' one-adapter path.
+        merged: list[RowGroup] = []
+        for group in sorted(groups, key=lambda g: g.start):
+            last = merged[-1] if merged else None
+            if last is not None and last.adapter is group.adapter and last.stop == group.start:
+                merged[-1] = RowGroup(group.adapter, last.start, group.stop)
+            else:
+                merged.append(group)
+        self.groups = tuple(merged)
         routed = [g for g in self.groups if g.adapter is not None]
         self.adapters: list[AdapterWeights] = []
         for group in routed:

@@ -98,7 +98,7 @@ def run_trainer(args: argparse.Namespace) -> None:
         worker.stop()
 
 
-def _backend(args: argparse.Namespace, config: Any) -> tuple[Any, Any]:
+def _backend(args: argparse.Namespace, config: Any, fallbacks: Any = None) -> tuple[Any, Any]:
     """(backend, device to load adapters on)."""
     if args.backend == "torch":
         from server.engine.engine import Engine
@@ -112,7 +112,7 @@ def _backend(args: argparse.Namespace, config: Any) -> tuple[Any, Any]:
 
         # vLLM reads adapters from the shared data dir, as this worker does.
         return make_sampler("vllm", base_url=args.vllm_url, adapter_root=config.data_dir,
-                            model=config.model), "cpu"
+                            model=config.model, fallbacks=fallbacks), "cpu"
     module, _, name = args.backend.partition(":")
     if not name:
         raise SystemExit(f"unknown sampling backend {args.backend!r}: use torch, vllm or "
@@ -125,13 +125,16 @@ def run_sampler(args: argparse.Namespace) -> None:
     from server.distributed.health import health_app
     from server.distributed.sampler import SamplerWorker
     from server.distributed.store import Keys, Store, connect
+    from server.observability.metrics import SamplerWorkerMetrics
+    from server.samplers.fallbacks import REASONS, FallbackLog
 
     config = config_from_args(args)
-    backend, device = _backend(args, config)
+    metrics = SamplerWorkerMetrics(REASONS)
+    backend, device = _backend(args, config, FallbackLog(metrics.count_fallback))
     store = Store(connect(args.redis_url), Keys(args.redis_prefix))
     worker = SamplerWorker(store, backend, device, _worker_id("sampler", args),
                            args.heartbeat_ttl, max_rows=args.max_rows).start()
-    app = health_app("autoresearch sampler", worker.readiness)
+    app = health_app("autoresearch sampler", worker.readiness, metrics.render)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:

@@ -149,3 +149,24 @@ class ServerMetrics:
     def render(self) -> bytes:
         self.refresh()
         return generate_latest(self.registry)
+
+
+class SamplerWorkerMetrics:
+    """What a sampler worker exports on `/metrics`: requests its backend did not serve itself."""
+
+    def __init__(self, reasons: tuple[str, ...]) -> None:
+        self.registry = CollectorRegistry()
+        self.fallbacks = Counter(
+            "autoresearch_sampler_fallbacks",
+            "Sampling requests served by the torch sampler instead of vLLM, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in reasons:
+            self.fallbacks.labels(reason)
+
+    def count_fallback(self, reason: str, requests: int) -> None:
+        self.fallbacks.labels(reason).inc(requests)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -47,6 +47,7 @@ from server.samplers.completions import (
     prompt_logprobs_body,
     wants_prompt_logprobs,
 )
+from server.samplers.fallbacks import FallbackLog
 from server.samplers.openai_http import OpenAICompatClient, VLLMError, VLLMRequestError
 from server.samplers.semantics import REQUIRED_FLAG, LogprobSemantics, SemanticsError, probe
 
@@ -87,8 +88,10 @@ class VLLMSampler:
         fallback: Sampler | None = None,
         servable_modules: Iterable[str] = SERVABLE_MODULES,
         strict_logprobs: bool = True,
+        fallbacks: FallbackLog | None = None,
     ):
         self.client, self.adapter_root, self.model = client, Path(adapter_root), model
+        self.fallbacks = fallbacks or FallbackLog()
         self.publisher: AdapterPublisher | None = None
         self.eos_token_ids = set(eos_token_ids) if eos_token_ids is not None else None
         self.fallback = fallback
@@ -181,6 +184,8 @@ class VLLMSampler:
             else:
                 futures[i] = self._pool.submit(self._sample_job, jobs[i], target)
         if local:
+            if self.fallback is not None:
+                self.fallbacks.unservable([jobs[i] for i in local], self.servable_modules)
             for i, outcome in zip(local, self._sample_locally([jobs[i] for i in local]),
                                   strict=True):
                 outcomes[i] = outcome
@@ -292,13 +297,16 @@ def make_sampler(
     strict_logprobs: bool = True,
     client: OpenAICompatClient | None = None,
     client_options: dict | None = None,
+    fallbacks: FallbackLog | None = None,
     **options,
 ) -> Sampler:
     """The sampler for `backend`: "torch" (the engine) or "vllm", which falls back to the engine
     with a logged warning when no vLLM server is usable (no URL, unreachable, or reporting the
     wrong logprob semantics). `client_options` go to `OpenAICompatClient` (timeouts, retries),
-    `options` to `VLLMSampler` (e.g. `max_loaded_adapters`).
+    `options` to `VLLMSampler` (e.g. `max_loaded_adapters`). `fallbacks` logs and counts every
+    request that goes to the torch sampler instead of vLLM.
     """
+    fallbacks = fallbacks or FallbackLog()
     if backend == "torch":
         if engine is None:
             raise ValueError("the torch sampler needs an engine")
@@ -309,7 +317,7 @@ def make_sampler(
         reason = "no vLLM server URL was given"
         if not vllm_installed():
             reason += " and the vllm package is not installed"
-        return _fall_back(engine, reason)
+        return _fall_back(engine, reason, fallbacks)
     client = client or OpenAICompatClient(base_url, api_key=api_key, **(client_options or {}))
     root = Path(adapter_root) if adapter_root is not None else default_cache_dir().parent
     name = model or (engine.model_name if engine is not None else None)
@@ -320,6 +328,7 @@ def make_sampler(
         eos_token_ids=engine.eos_ids if engine is not None else None,
         fallback=engine,
         strict_logprobs=strict_logprobs,
+        fallbacks=fallbacks,
         **options,
     )
     try:
@@ -328,12 +337,12 @@ def make_sampler(
         sampler.close()
         if isinstance(exc, SemanticsError):
             log.error("refusing vLLM: %s", exc)
-        return _fall_back(engine, str(exc))
+        return _fall_back(engine, str(exc), fallbacks)
 
 
-def _fall_back(engine: Engine | None, reason: str) -> Sampler:
+def _fall_back(engine: Engine | None, reason: str, fallbacks: FallbackLog) -> Sampler:
     if engine is None:
         raise VLLMError(f"vLLM sampling is unavailable ({reason}) and there is no torch engine "
                         "to fall back on")
-    log.warning("vLLM sampling unavailable (%s); falling back to the torch sampler", reason)
+    fallbacks.unavailable(reason)
     return engine

@@ -63,9 +63,16 @@ class SyntheticExecutor:
             if self.crash_if is not None and self.crash_if(job.config):
                 raise RuntimeError("loss became NaN at step 3")
             p = self.quality(job.config)
-            for step in range(2):
+            every, rl_steps = job.config.eval.every, job.config.rl.steps
+            subset = job.config.eval.every_tasks or self.tasks
+            for step in range(max(2, rl_steps) if every else 2):
                 on_step({"type": "step", "phase": "rl", "step": step, "time": time.time(),
                          "reward_mean": p * (step + 1) / 2, "accuracy": p, "tokens": 50})
+                if every and (step + 1) % every == 0 and step + 1 < rl_steps:
+                    seen = draw(job.config, f"dev-at-{step + 1}", p, subset)
+                    on_step({"type": "eval", "stage": f"rl-{step + 1}", "split": "dev",
+                             "step": step + 1, "n": subset,
+                             "accuracy": sum(seen.values()) / subset})
             ev = job.config.eval
             dev = summary("dev", draw(job.config, "dev", p, self.tasks)) if ev.dev_tasks else None
             test = (summary("test", draw(job.config, "test", p, self.tasks))

@@ -15,7 +15,7 @@ from autoresearch.study.executors.base import result_line
 from autoresearch.study.executors.kubernetes import KubernetesExecutor
 from autoresearch.study.journal import Journal
 from autoresearch.study.runner import resume_study, run_study
-from autoresearch.study.spec import Study
+from autoresearch.study.spec import Study, WarmupSpec
 from tests.autoresearch.fake_kube import FakeKube
 from tests.autoresearch.study_helpers import draw, summary
 
@@ -129,3 +129,52 @@ def test_a_resumed_study_re_attaches_to_the_running_job_instead_of_starting_it_a
     assert fake.create_attempts.count("kube-t0002") == 2  # the second create found it: attach
     trial = Journal(out, read_only=True).trial("t0002")
     assert trial["status"] in ("kept", "discarded") and trial["attempts"] == 2
+
+
+def test_the_warmup_is_a_job_of_its_own_and_a_second_study_reuses_it(
+        fake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    asked: list[str] = []
+
+    def exists(url: str, key: str, path: str) -> bool:
+        asked.append(path)
+        return True  # the server still holds it
+
+    monkeypatch.setattr("autoresearch.study.runner.remote_checkpoint_exists", exists)
+
+    def study(name: str) -> Study:
+        return _study(max_trials=2).model_copy(update={
+            "name": name, "warmup": WarmupSpec(sft={"steps": 3, "batch_size": 4},
+                                               cache_dir=str(tmp_path / "cache"))})
+
+    run_study(study("kube"), tmp_path / "a")
+    assert fake.created[0] == "kube-warmup"  # first, and alone: trials need its checkpoint
+    journal = Journal(tmp_path / "a", read_only=True)
+    assert journal.trial("warmup")["checkpoint"] == "tinker://run/weights/final"
+    for trial in journal.trials()[1:]:
+        assert trial["config"]["init_checkpoint"] == "tinker://run/weights/final"
+
+    run_study(study("kube2"), tmp_path / "b")
+    assert "kube2-warmup" not in fake.created  # reused: the server still holds it
+    assert asked == ["tinker://run/weights/final"]
+    assert sorted(c for c in fake.created if c.startswith("kube2-")) == [
+        "kube2-t0001", "kube2-t0002"]
+
+
+def test_a_pruned_trial_s_job_is_deleted(fake, tmp_path: Path):
+    from autoresearch.rl.record import TrialRecord
+    from autoresearch.study.executors.base import TrialJob
+    from autoresearch.study.pruning import TrialPruned
+
+    fake.run_seconds = 5.0
+    executor = KubernetesExecutor("kube", _study().executor, SERVER)
+    directory = tmp_path / "trials/t0003"
+    TrialRecord(directory).append("eval", stage="rl-2", split="dev", step=2,
+                                  accuracy={"value": 0.0, "n": 24})
+
+    def on_step(entry):
+        if entry["type"] == "eval":
+            raise TrialPruned("pruned at RL step 2", 2)
+
+    with pytest.raises(TrialPruned):
+        executor.run(TrialJob("t0003", TrialConfig(), directory), on_step)
+    assert fake.deleted == ["kube-t0003"]

@@ -89,10 +89,16 @@ def shrink_trial(model: Path, declared: dict[str, Any]) -> dict[str, Any]:
 
 
 def shrink_study(model: Path, declared: dict[str, Any]) -> dict[str, Any]:
-    return {**declared, "embedded_model": str(model), "reward_workers": 1,
-            "base_trial": shrink_trial(model, declared.get("base_trial") or {}),
-            "budget": {"max_trials": 2, "confirm_seeds": 0},
-            "executor": {"kind": "local", "max_parallel_trials": 2}}
+    study = {**declared, "embedded_model": str(model), "reward_workers": 1,
+             "base_trial": shrink_trial(model, declared.get("base_trial") or {}),
+             "budget": {"max_trials": 2, "confirm_seeds": 0},
+             "executor": {"kind": "local", "max_parallel_trials": 2}}
+    if declared.get("warmup"):  # a short one, cached next to the study (not in the user's cache)
+        study["warmup"] = {"sft": {"steps": 2, "batch_size": 2}, "checkpoint_every": 1,
+                           "cache_dir": "warmups"}
+    if (declared.get("pruning") or {}).get("kind", "none") != "none":
+        study["pruning"] = {**declared["pruning"], "every": 1, "dev_tasks": 2, "min_resource": 1}
+    return study
 
 
 @pytest.fixture(scope="module")

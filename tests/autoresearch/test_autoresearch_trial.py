@@ -248,6 +248,36 @@ def test_a_trial_can_start_from_a_shared_checkpoint(
                   sql_server.url, "tml-tests", pool=reward_pool)
 
 
+def test_a_trial_with_a_kl_reference_and_no_head_lora_trains_what_it_declares(
+    sql_model_dir, sql_server, reward_pool, tmp_path
+):
+    """KL reference logprobs are fetched for every sample of the step (all requests in flight
+    together), and `train_unembed: false` reaches the server."""
+    import tinker
+
+    config = tiny_config(
+        sql_model_dir,
+        train_unembed=False,
+        sft={"steps": 0},
+        rl={**tiny_config(sql_model_dir).rl.model_dump(), "steps": 1, "kl_coef": 0.1},
+    )
+    result = run_trial(config, tmp_path / "trial", sql_server.url, "tml-tests", pool=reward_pool)
+    step = TrialRecord(tmp_path / "trial").of_type("step")[0]
+    assert step["seconds"]["reference_s"] >= 0
+    assert step["groups_used"] == 2 and step["loss"] is not None
+    rest = tinker.RestClient(base_url=sql_server.url, api_key="tml-tests")
+    info = rest.get_weights_info_by_tinker_path(result.checkpoint).result()
+    assert info.train_unembed is False
+
+
+def test_train_unembed_changes_a_config_fingerprint_only_when_it_leaves_the_default(
+    sql_model_dir,
+):
+    default = tiny_config(sql_model_dir)
+    assert default.with_changes({"train_unembed": True}).fingerprint() == default.fingerprint()
+    assert default.with_changes({"train_unembed": False}).fingerprint() != default.fingerprint()
+
+
 @pytest.mark.parametrize("temperature", [0.6, 1.3])
 def test_ratios_and_kl_compare_one_distribution_at_any_sampling_temperature(
     sql_model_dir, sql_server, reward_pool, tmp_path, temperature

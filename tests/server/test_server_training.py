@@ -74,7 +74,10 @@ def test_policy_gradient_step_raises_logprobs_of_positively_advantaged_samples(
 def test_cispo_and_dro_train_the_run(service_client, base_model, sequences, loss_fn, config):
     client = new_run(service_client, base_model, seed=3)
     prompt = sequences[1][:4]
-    rollouts = _rollouts(client, prompt, n=2, max_tokens=6)
+    # Two different samples: identical ones with opposite advantages have zero gradient.
+    distinct = {tuple(s.tokens): s for s in _rollouts(client, prompt, n=16, max_tokens=6)}
+    assert len(distinct) >= 2, "the model gave one sample only"
+    rollouts = list(distinct.values())[:2]
     data = [rl_datum(prompt, list(s.tokens), list(s.logprobs), a)
             for s, a in zip(rollouts, [1.0, -1.0], strict=True)]
     before = forward_logprobs(client, data)

@@ -555,6 +555,32 @@ def test_adapters_training_lm_head_are_sampled_by_the_fallback(
     assert isinstance(outcome, VLLMError) and "train_unembed=False" in str(outcome)
 
 
+def test_each_fallback_is_logged_once_per_adapter_and_counted_on_metrics(
+    fake, tmp_path: Path, tiny_engine: Engine, caplog: pytest.LogCaptureFixture
+):
+    from server.observability.metrics import SamplerWorkerMetrics
+    from server.samplers.fallbacks import REASONS, FallbackLog
+
+    metrics = SamplerWorkerMetrics(REASONS)
+    with_head = tiny_engine.create_run(LoraSpec(rank=4), seed=0).adapter
+    other = tiny_engine.create_run(LoraSpec(rank=4), seed=1).adapter
+    fallbacks = FallbackLog(metrics.count_fallback)
+    with caplog.at_level(logging.WARNING), make_vllm_sampler(
+        fake, tmp_path, fallback=tiny_engine, fallbacks=fallbacks
+    ) as sampler:
+        sampler.sample([job([2, 10], adapter=with_head), job([2, 11], adapter=with_head)])
+        sampler.sample([job([2, 12], adapter=with_head), job([2, 13], adapter=other)])
+    said = [r for r in caplog.records if "on the torch sampler, not vLLM" in r.getMessage()]
+    assert len(said) == 2  # once per adapter, with the reason
+    assert all("lm_head" in r.getMessage() and "train_unembed=False" in r.getMessage()
+               for r in said)
+    text = metrics.render().decode()
+    assert 'autoresearch_sampler_fallbacks_total{reason="unservable_modules"} 4.0' in text
+    assert 'autoresearch_sampler_fallbacks_total{reason="vllm_unavailable"} 0.0' in text
+    make_sampler("vllm", engine=tiny_engine, fallbacks=fallbacks)  # no URL: all on torch
+    assert 'reason="vllm_unavailable"} 1.0' in metrics.render().decode()
+
+
 # ------------------------------------------------------------------ the factory
 def test_make_sampler_falls_back_to_torch_without_a_usable_vllm(
     tiny_engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture

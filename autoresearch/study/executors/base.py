@@ -20,6 +20,12 @@ from typing import Any, Protocol
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.trial import TrialResult
 
+
+class TrialStopped(RuntimeError):
+    """A trial ended early because the study asked it to stop (it did not fail): on request,
+    or pruned. An executor that runs trials elsewhere stops them there too."""
+
+
 StepSink = Callable[[dict[str, Any]], None]
 
 
@@ -33,7 +39,9 @@ class TrialJob:
 class Executor(Protocol):
     def run(self, job: TrialJob, on_step: StepSink) -> TrialResult:
         """Run (or re-attach to, or resume) the trial; raise if it crashed. `on_step` gets every
-        step entry (`type` "step") and may get evaluation events (`eval_start`, `eval`)."""
+        step entry (`type` "step") and may get evaluation events (`eval_start`, `eval`); an
+        `eval` during training feeds pruning. When `on_step` raises, the trial ends there with
+        that exception."""
         ...
 
     def close(self) -> None: ...

@@ -28,7 +28,12 @@ import yaml
 
 from autoresearch.rl.record import TrialRecord
 from autoresearch.rl.trial import TrialFailed, TrialResult
-from autoresearch.study.executors.base import StepSink, TrialJob, parse_result_line
+from autoresearch.study.executors.base import (
+    StepSink,
+    TrialJob,
+    TrialStopped,
+    parse_result_line,
+)
 from autoresearch.study.spec import ExecutorSpec
 
 log = logging.getLogger(__name__)
@@ -118,15 +123,22 @@ class KubernetesExecutor:
                 raise
             log.info("Job %s already exists: re-attaching to trial %s", name, job.id)
         streamed = 0
-        while True:
-            status = self.batch.read_namespaced_job(name, self.namespace).status
-            streamed = self._stream(job, on_step, streamed)
-            if status is not None and (status.succeeded or 0) > 0:
-                break
-            if status is not None and ((status.failed or 0) > 0 or _condition(status, "Failed")):
-                raise TrialFailed(f"Job {name} failed:\n{self._log(job)[-2000:]}")
-            time.sleep(self.poll_seconds)
-        self._stream(job, on_step, streamed)
+        try:
+            while True:
+                status = self.batch.read_namespaced_job(name, self.namespace).status
+                streamed = self._stream(job, on_step, streamed)
+                if status is not None and (status.succeeded or 0) > 0:
+                    break
+                if status is not None and ((status.failed or 0) > 0
+                                           or _condition(status, "Failed")):
+                    raise TrialFailed(f"Job {name} failed:\n{self._log(job)[-2000:]}")
+                time.sleep(self.poll_seconds)
+            self._stream(job, on_step, streamed)
+        except TrialStopped:
+            # Stopped or pruned by the study: the Job must not go on spending the cluster.
+            self.batch.delete_namespaced_job(name, self.namespace,
+                                             propagation_policy="Background")
+            raise
         record = TrialRecord(job.directory) if job.directory.exists() else None
         final = record.final() if record is not None else None
         if final is not None:
@@ -138,13 +150,16 @@ class KubernetesExecutor:
         return result
 
     def _stream(self, job: TrialJob, on_step: StepSink, seen: int) -> int:
-        """Forward step lines the trial appended to its record (shared volume only)."""
+        """Forward step and evaluation lines the trial appended to its record (shared volume
+        only)."""
         if not (job.directory / "record.jsonl").exists():
             return seen
-        steps = TrialRecord(job.directory).of_type("step")
-        for entry in steps[seen:]:
+        entries = [e for e in TrialRecord(job.directory).entries()
+                   if e["type"] in ("step", "eval")]
+        for index, entry in enumerate(entries[seen:], start=seen):
             on_step(entry)
-        return max(seen, len(steps))
+            seen = index + 1
+        return seen
 
     def _log(self, job: TrialJob) -> str:
         pods = self.core.list_namespaced_pod(

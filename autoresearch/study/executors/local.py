@@ -19,7 +19,7 @@ class LocalExecutor:
     def run(self, job: TrialJob, on_step: StepSink) -> TrialResult:
         def progress(event: dict[str, Any]) -> None:
             if event.get("type") in ("step", "eval_start", "eval"):
-                on_step(event)  # steps are journaled; the rest moves the progress line
+                on_step(event)  # steps are journaled; evals feed pruning and the progress line
 
         return run_trial(job.config, job.directory, self.server_url, self.api_key, progress,
                          self.pool)

@@ -75,6 +75,8 @@ class OptunaProposer:
                 state, value = TrialState.COMPLETE, float(row["dev_accuracy"])
             elif row["status"] == "crashed":
                 state, value = TrialState.FAIL, None
+            elif row["status"] == "pruned":  # TPE ranks it below the trials that went on
+                state, value = TrialState.PRUNED, None
             else:
                 state, value = TrialState.RUNNING, None
             study.add_trial(optuna.trial.create_trial(

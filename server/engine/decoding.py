@@ -1,0 +1,190 @@
+"""Token choice where the logits are, and stop rules matched on token ids.
+
+Decoding a batch must not copy `[rows, vocabulary]` logits to the host every step, nor loop over
+rows in Python, nor decode text to look for stop strings. Here temperature, top-k, top-p and
+the draw itself run as batched tensor operations on the logits' device; only the chosen ids and
+their logprobs come back (one host synchronisation per step).
+
+Reproducible draws without a generator per row: each row has a 64-bit key (from its request's
+seed and its index in the request) and step `s` of that row uses a uniform hashed from
+`(key, s)` on the device (a counter-based scheme), so a row's samples never depend on which
+other rows share its batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+_GOLDEN = 0x9E3779B9
+
+
+def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
+    """`x * constant mod 2**32` for `x < 2**32` in int64, without signed overflow."""
+    low, high = constant & 0xFFFF, constant >> 16
+    return (x * low + (((x * high) & 0xFFFF) << 16)) & _MASK32
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mix (the "lowbias32" finaliser) on int64 tensors holding 32-bit values."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def row_key(seed: int, index: int) -> tuple[int, int]:
+    """Two 32-bit words that name sample `index` of a request seeded with `seed`."""
+    mixed = (int(seed) * 1_000_003 + index) % 2**63
+    words = torch.tensor([mixed & _MASK32, (mixed >> 32) & _MASK32], dtype=torch.int64)
+    low = _hash32(words[0] ^ _hash32(words[1]))
+    high = _hash32(low ^ _GOLDEN ^ words[1])
+    return int(low), int(high)
+
+
+def uniforms(keys: torch.Tensor, step: int) -> torch.Tensor:
+    """One float32 uniform in [0, 1) per row for this step, from `[rows, 2]` int64 keys."""
+    counter = _hash32(torch.full_like(keys[:, 0], step & _MASK32) ^ keys[:, 1])
+    bits = _hash32(keys[:, 0] ^ counter)
+    return (bits >> 8).to(torch.float32) * (1.0 / 2**24)
+
+
+@dataclass
+class RowParams:
+    """Per-row sampling parameters as tensors on the logits' device."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    keys: torch.Tensor
+    sampled: bool
+    """Host-side facts about the rows (kept when rows leave), so a step needs no device read:
+    some row samples (temperature > 0), the largest top-k, some row has top-p < 1."""
+    k_max: int
+    nucleus: bool
+
+    def select(self, index: torch.Tensor) -> RowParams:
+        return RowParams(
+            self.temperature[index],
+            self.top_k[index],
+            self.top_p[index],
+            self.keys[index],
+            self.sampled,
+            self.k_max,
+            self.nucleus,
+        )
+
+
+def row_params(
+    temperatures: Sequence[float],
+    top_ks: Sequence[int],
+    top_ps: Sequence[float],
+    keys: Sequence[tuple[int, int]],
+    device: torch.device | str,
+) -> RowParams:
+    sampled = [t > 0 for t in temperatures]
+    return RowParams(
+        torch.tensor(temperatures, dtype=torch.float32, device=device),
+        torch.tensor(top_ks, dtype=torch.long, device=device),
+        torch.tensor(top_ps, dtype=torch.float32, device=device),
+        torch.tensor(keys, dtype=torch.int64, device=device).reshape(-1, 2),
+        any(sampled),
+        max((k for k, s in zip(top_ks, sampled) if s and k > 0), default=0),
+        any(p < 1.0 for p, s in zip(top_ps, sampled) if s),
+    )
+
+
+def choose(
+    logits: torch.Tensor, params: RowParams, step: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's next token and its logprob, on the logits' device.
+
+    Temperature 0 is greedy, with the untempered logprob. Otherwise logprobs are under the
+    tempered distribution (before top-k/top-p, as the hosted service reports them) and the token
+    is an inverse-CDF draw from the tempered, filtered distribution with the row's uniform.
+    """
+    logits = logits.float()
+    vocab = logits.shape[-1]
+    greedy = params.temperature <= 0
+    if not params.sampled:
+        picks = logits.argmax(-1)
+        return picks, torch.log_softmax(logits, -1).gather(-1, picks[:, None])[:, 0]
+    scale = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
+    scaled = logits / scale[:, None]
+    logp = torch.log_softmax(scaled, -1)
+    filtered = scaled
+    if params.k_max > 0:
+        k_max = min(params.k_max, vocab)
+        limited = (params.top_k > 0) & (params.top_k < vocab)
+        top = torch.topk(scaled, k_max, dim=-1).values
+        kth = top.gather(-1, (params.top_k.clamp(1, k_max) - 1)[:, None])
+        filtered = filtered.masked_fill(limited[:, None] & (filtered < kth), -torch.inf)
+    if params.nucleus:
+        nucleus = params.top_p < 1.0
+        ordered, order = torch.sort(filtered, descending=True, dim=-1)
+        probs = torch.softmax(ordered, -1)
+        drop = (probs.cumsum(-1) - probs > params.top_p[:, None]) & nucleus[:, None]
+        filtered = torch.full_like(filtered, -torch.inf).scatter(
+            -1, order, ordered.masked_fill(drop, -torch.inf)
+        )
+    cdf = torch.softmax(filtered, -1).cumsum(-1)
+    target = uniforms(params.keys, step).to(cdf.device) * cdf[:, -1]
+    drawn = torch.searchsorted(cdf, target[:, None], right=True)[:, 0].clamp_(max=vocab - 1)
+    picks = torch.where(greedy, logits.argmax(-1), drawn)
+    return picks, logp.gather(-1, picks[:, None])[:, 0]
+
+
+class TokenPieces:
+    """The text each token id adds when appended, computed once per id and kept."""
+
+    def __init__(self, decode: Callable[[list[int]], str], anchor: int):
+        self._decode = decode
+        self._anchor = anchor
+        self._anchor_text = decode([anchor])
+        self._pieces: dict[int, str] = {}
+
+    def __call__(self, token: int) -> str:
+        piece = self._pieces.get(token)
+        if piece is None:
+            # Decoding after an anchor keeps leading spaces some decoders strip at the start.
+            joined = self._decode([self._anchor, token])
+            if joined.startswith(self._anchor_text):
+                piece = joined[len(self._anchor_text) :]
+            else:
+                piece = self._decode([token])
+            self._pieces[token] = piece
+        return piece
+
+
+class StopStrings:
+    """Incremental stop-string matching for one row, on token ids.
+
+    Each new token appends its piece of text to a short tail; only when a stop string shows up
+    in that tail (or a piece is an incomplete character, which the tail cannot judge) is the
+    row's last few tokens decoded to confirm, as the whole text would read.
+    """
+
+    def __init__(
+        self, strings: list[str], pieces: TokenPieces, decode: Callable[[list[int]], str]
+    ):
+        self.strings = strings
+        self.pieces = pieces
+        self.decode = decode
+        longest = max(len(s) for s in strings)
+        self.keep = longest + 16
+        self.window = longest + 8
+        self.wide = any(not s.isascii() for s in strings)
+        self.tail = ""
+
+    def hit(self, tokens: list[int]) -> bool:
+        """Has the text of `tokens` (one more than last call) come to contain a stop string?"""
+        piece = self.pieces(tokens[-1])
+        self.tail = (self.tail + piece)[-self.keep :]
+        if not (any(s in self.tail for s in self.strings) or (self.wide and "\ufffd" in piece)):
+            return False
+        text = self.decode(tokens[-self.window :])
+        return any(s in text for s in self.strings)

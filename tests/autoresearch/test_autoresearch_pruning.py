@@ -1,0 +1,107 @@
+"""Multi-fidelity search on synthetic trials: candidates that trail beyond noise at an equal step
+are pruned through Optuna's pruner, journaled as pruned, never kept, and their unspent steps go
+to more candidates; the baseline and close candidates run to the end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+
+from autoresearch.study.journal import Journal
+from autoresearch.study.pruning import NoiseMarginPruner, StudyPruning
+from autoresearch.study.runner import resume_study, run_study
+from autoresearch.study.spec import PruningSpec, Study
+from tests.autoresearch.study_helpers import SyntheticExecutor
+
+CHOICES = {"rl.adam.learning_rate": {"choices": [1e-4, 1e-6, 1e-7, 2e-7, 3e-7, 5e-7]}}
+PRUNING = {"kind": "successive_halving", "every": 2, "dev_tasks": 48, "min_resource": 2,
+           "reduction_factor": 3, "margin_z": 1.0}
+
+
+def quality(config) -> float:
+    """lr 1e-4 (the base) is good; the tiny learning rates are hopeless."""
+    return 0.6 if config.rl.adam.learning_rate >= 1e-4 else 0.05
+
+
+def _study(name: str, **extra) -> Study:
+    spec = {"name": name, "search_space": CHOICES, "seed": 1,
+            "base_trial": {"rl": {"steps": 6, "adam": {"learning_rate": 1e-4}},
+                           "eval": {"every": 0}},
+            "pruning": PRUNING, "budget": {"max_trials": 6, "confirm_seeds": 0}}
+    spec.update(extra)
+    return Study.model_validate(spec)
+
+
+def test_hopeless_candidates_are_pruned_and_journaled_with_the_rule_numbers(tmp_path: Path):
+    outcome = run_study(_study("prune"), tmp_path, executor=SyntheticExecutor(quality))
+    journal = Journal(tmp_path, read_only=True)
+    trials = {t["id"]: t for t in journal.trials()}
+    assert trials["t0001"]["role"] == "baseline" and trials["t0001"]["status"] == "kept"
+    pruned = [t for t in trials.values() if t["status"] == "pruned"]
+    assert pruned, "no hopeless candidate was pruned"
+    for t in pruned:
+        assert t["role"] == "explore" and t["decision"] is None  # never a candidate
+        assert t["dev_accuracy"] is None and t["steps"] == 2  # stopped at the first rung
+        assert "pruned at RL step 2" in t["error"] and "noise margin" in t["error"]
+    events = [e for e in journal.events() if e["kind"] == "pruning"]
+    assert sorted(e["trial_id"] for e in events) == sorted(t["id"] for t in pruned)
+    assert all(e["data"]["step"] == 2 for e in events)
+    assert {d["candidate"] for d in journal.decisions()}.isdisjoint({t["id"] for t in pruned})
+    assert outcome.best["id"] == "t0001"
+    report = outcome.report.read_text()
+    assert "## Pruning" in report and "## Dev accuracy along training" in report
+    # The curve of every trial shows its subset scores during training.
+    assert "rl-2: 0.0" in report or "rl-2: 0.02" in report
+
+
+def test_the_baseline_and_candidates_within_noise_are_never_pruned(tmp_path: Path):
+    # Every config is equally good: differences at a step are seed noise on 48 tasks.
+    run_study(_study("noise"), tmp_path, executor=SyntheticExecutor(lambda c: 0.3))
+    trials = Journal(tmp_path, read_only=True).trials()
+    assert not [t for t in trials if t["status"] == "pruned"]
+
+
+def test_the_steps_pruning_saves_go_to_more_candidates(tmp_path: Path):
+    budget = {"max_trials": 20, "max_steps": 24, "confirm_seeds": 0}
+    space = {"rl.adam.learning_rate": {"low": 1e-8, "high": 1e-4, "log": True}}
+    plain = _study("plain", pruning={"kind": "none"}, budget=budget, search_space=space)
+    run_study(plain, tmp_path / "plain", executor=SyntheticExecutor(quality))
+    pruned = _study("saving", budget=budget, search_space=space)
+    run_study(pruned, tmp_path / "pruned", executor=SyntheticExecutor(quality))
+    without = Journal(tmp_path / "plain", read_only=True).trials()
+    with_pruning = Journal(tmp_path / "pruned", read_only=True).trials()
+    assert len(without) == 4  # 4 trials x 6 steps
+    assert len(with_pruning) > len(without)
+    spent = sum(t["steps"] if t["status"] == "pruned" else 6 for t in with_pruning)
+    assert spent <= 24
+
+
+def test_a_resumed_study_rebuilds_the_pruner_from_the_journal(tmp_path: Path):
+    run_study(_study("again", budget={"max_trials": 4, "confirm_seeds": 0}), tmp_path,
+              executor=SyntheticExecutor(quality))
+    before = Journal(tmp_path, read_only=True).trials()
+    more = _study("again", budget={"max_trials": 6, "confirm_seeds": 0})
+    from autoresearch.study.runner import StudyRunner
+
+    runner = StudyRunner(more, tmp_path, executor=SyntheticExecutor(quality))
+    runner._replay_pruning()
+    reported = runner.pruning._study.get_trials(deepcopy=False)
+    assert len(reported) == len(before)  # one Optuna trial per study trial that reported
+    assert {t.state for t in reported} <= {optuna.trial.TrialState.COMPLETE,
+                                           optuna.trial.TrialState.PRUNED}
+    resume_study(tmp_path, executor=SyntheticExecutor(quality))
+
+
+def test_the_noise_margin_overrules_a_pruner_that_would_stop_a_close_trial():
+    spec = PruningSpec(kind="successive_halving", every=2, min_resource=2, margin_z=1.0)
+    pruning = StudyPruning(spec, n=48, max_resource=6)
+    assert pruning.report("t0001", "baseline", 2, 0.30) is None
+    # Behind the best at step 2, so successive halving alone would stop it: 0.25 vs 0.30 on
+    # 48 tasks is well inside one standard error of a difference (about 0.09).
+    assert pruning.report("t0002", "explore", 2, 0.25) is None
+    numbers = pruning.report("t0003", "explore", 2, 0.02)
+    assert numbers is not None and numbers["best"] == 0.30 and numbers["margin"] > 0.05
+    assert isinstance(pruning.pruner, NoiseMarginPruner)
+    # The baseline is reported but never pruned, however far behind.
+    assert pruning.report("t0004", "baseline", 2, 0.0) is None

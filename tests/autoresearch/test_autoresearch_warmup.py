@@ -1,0 +1,126 @@
+"""The study-level warm-up on synthetic trials: run once, journaled, every trial forks from it,
+reused by a second study through the cache, resumed after a kill, a failure reported clearly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autoresearch.study.journal import Journal
+from autoresearch.study.report import write_report
+from autoresearch.study.runner import resume_study, run_study
+from autoresearch.study.spec import Study
+from tests.autoresearch.study_helpers import SyntheticExecutor
+
+LR = {"rl.adam.learning_rate": {"low": 1e-5, "high": 1e-3, "log": True}}
+CHECKPOINT = "tinker://warmup/weights/final"
+
+
+def _study(name: str, cache: Path, lr: float = 5e-4, **extra) -> Study:
+    return Study(name=name, search_space=LR,
+                 base_trial={"sft": {"steps": 0}, "rl": {"steps": 4}, "eval": {"every": 0}},
+                 warmup={"sft": {"steps": 3, "batch_size": 4, "adam": {"learning_rate": lr}},
+                         "cache_dir": str(cache)},
+                 budget={"max_trials": 3, "confirm_seeds": 0}, **extra)
+
+
+def test_the_warmup_runs_first_and_every_trial_starts_from_its_checkpoint(tmp_path: Path):
+    executor = SyntheticExecutor(lambda c: 0.3)
+    outcome = run_study(_study("warm", tmp_path / "cache"), tmp_path / "a", executor=executor)
+    assert executor.calls[0] == "warmup" and executor.calls.count("warmup") == 1
+    journal = Journal(tmp_path / "a", read_only=True)
+    trials = journal.trials()
+    warm = trials[0]
+    assert warm["id"] == "warmup" and warm["role"] == "warmup" and warm["status"] == "done"
+    assert warm["checkpoint"] == CHECKPOINT
+    assert warm["config"]["sft"]["steps"] == 3 and warm["config"]["rl"]["steps"] == 0
+    assert warm["config"]["eval"]["start"] and warm["config"]["eval"]["test_tasks"] == 0
+    others = trials[1:]
+    assert [t["role"] for t in others] == ["baseline", "explore", "explore"]
+    assert all(t["config"]["init_checkpoint"] == CHECKPOINT for t in others)
+    # The warm-up is no candidate and spends no exploration budget.
+    assert warm["decision"] is None and len(others) == 3
+    assert "## Warm-up" in outcome.report.read_text()
+    assert (tmp_path / "cache").is_dir() and len(list((tmp_path / "cache").iterdir())) == 1
+
+
+def test_a_second_study_with_the_same_warmup_reuses_it_and_a_changed_one_trains_again(
+        tmp_path: Path):
+    cache = tmp_path / "cache"
+    run_study(_study("first", cache), tmp_path / "a", executor=SyntheticExecutor(lambda c: 0.3))
+    second = SyntheticExecutor(lambda c: 0.3)
+    run_study(_study("second", cache), tmp_path / "b", executor=second)
+    assert "warmup" not in second.calls
+    journal = Journal(tmp_path / "b", read_only=True)
+    warm = journal.trial("warmup")
+    assert warm["status"] == "done" and "Reused from the cache" in warm["rationale"]
+    assert warm["steps"] == 0 and warm["checkpoint"] == CHECKPOINT  # no cost to this study
+    assert any("reused" in e["message"] for e in journal.events())
+    assert all(t["config"]["init_checkpoint"] == CHECKPOINT for t in journal.trials()[1:])
+
+    changed = SyntheticExecutor(lambda c: 0.3)
+    run_study(_study("third", cache, lr=1e-3), tmp_path / "c", executor=changed)
+    assert changed.calls[0] == "warmup"
+    assert len(list(cache.iterdir())) == 2
+
+
+class Interrupting(SyntheticExecutor):
+    """Dies (as a killed study would) in the middle of the warm-up, the first time only."""
+
+    def __init__(self):
+        super().__init__(lambda c: 0.3)
+        self.killed = False
+
+    def run(self, job, on_step):
+        if job.id == "warmup" and not self.killed:
+            self.killed = True
+            raise KeyboardInterrupt
+        return super().run(job, on_step)
+
+
+def test_a_study_killed_during_the_warmup_resumes_it(tmp_path: Path):
+    executor = Interrupting()
+    with pytest.raises(KeyboardInterrupt):
+        run_study(_study("kill", tmp_path / "cache"), tmp_path / "a", executor=executor)
+    warm = Journal(tmp_path / "a", read_only=True).trial("warmup")
+    assert warm["status"] == "stopped" and warm["progress"]["interrupted"]
+    resume_study(tmp_path / "a", executor=executor)
+    journal = Journal(tmp_path / "a", read_only=True)
+    warm = journal.trial("warmup")
+    assert warm["status"] == "done" and warm["attempts"] == 2
+    assert [t["status"] for t in journal.trials()[1:]] != []
+
+
+def test_a_failed_warmup_ends_the_study_with_a_clear_error_and_a_resume_retries_it(
+        tmp_path: Path):
+    broken = SyntheticExecutor(lambda c: 0.3, crash_if=lambda c: c.rl.steps == 0)
+    outcome = run_study(_study("fail", tmp_path / "cache"), tmp_path / "a", executor=broken)
+    journal = Journal(tmp_path / "a", read_only=True)
+    assert journal.study()["state"] == "failed" and outcome.best is None
+    warm = journal.trial("warmup")
+    assert warm["status"] == "crashed" and "loss became NaN" in warm["error"]
+    assert len(journal.trials()) == 1  # no trial started without its starting weights
+    assert "The warm-up is crashed" in write_report(tmp_path / "a").read_text()
+    resume_study(tmp_path / "a", executor=SyntheticExecutor(lambda c: 0.3))
+    journal = Journal(tmp_path / "a", read_only=True)
+    assert journal.trial("warmup")["status"] == "done" and len(journal.trials()) == 4
+
+
+def test_a_warmup_without_training_steps_is_refused_when_declared():
+    with pytest.raises(ValueError, match="SFT steps, RL steps"):
+        Study(name="bad", base_trial={"rl": {"steps": 2}, "eval": {"every": 0}}, search_space=LR,
+              warmup={"sft": {"steps": 0}})
+
+
+def test_the_wall_clock_budget_does_not_count_the_warmup(tmp_path: Path):
+    class SlowWarmup(SyntheticExecutor):
+        def run(self, job, on_step):
+            self.delay = 8.0 if job.id == "warmup" else 0.0
+            return super().run(job, on_step)
+
+    study = _study("wall", tmp_path / "cache").model_copy(update={"budget": Study.model_validate(
+        {"budget": {"max_trials": 3, "confirm_seeds": 0, "max_wall_seconds": 6.0}}).budget})
+    executor = SlowWarmup(lambda c: 0.3)
+    run_study(study, tmp_path / "a", executor=executor)
+    assert executor.calls[:2] == ["warmup", "t0001"]  # the search still had its 6 seconds
