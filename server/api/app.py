@@ -36,6 +36,7 @@ from server.service.service import (
 )
 from server.storage.checkpoints import CheckpointError
 from server.storage.tokenizer_files import TokenizerFiles
+from server.storage.weight_export import ExportError
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
                     return response
                 except BodyTooLarge as exc:
                     return _error(413, str(exc), "payload_too_large")
-                except (UserError, LossError, CheckpointError, WireError) as exc:
+                except (UserError, LossError, CheckpointError, ExportError, WireError) as exc:
                     return _error(400, str(exc), "invalid_request")
                 except Exception as exc:  # noqa: BLE001 - never crash the server on a request
                     # Anything else is the server's fault, whatever its type (a ValueError

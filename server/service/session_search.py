@@ -12,8 +12,10 @@ import datetime as dt
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from server.engine.engine import UserError
 
-class SearchError(ValueError):
+
+class SearchError(UserError):
     """A search this server cannot answer (projects, other owners, a bad cursor)."""
 
 
