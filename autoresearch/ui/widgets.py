@@ -361,7 +361,8 @@ class TrialMonitor:
             if time.monotonic() - self._drawn >= self.redraw_seconds:
                 self.draw()
             self.status.value = self._status()
-        elif event.get("phase") == "eval":
+        elif event.get("phase") == "eval" and event.get("accuracy") is not None:
+            # an evaluation's start announces itself with no score yet: only results are shown
             self.evals.append(event)
             self.status.value = self._status()
         elif event.get("phase") == "done":
