@@ -40,13 +40,7 @@ class CheckpointRequests(RunOrdering):
             )
             return {"path": str(path), "type": "save_weights"}
 
-        return self._ordered(
-            owner,
-            run,
-            seq_id,
-            "save_weights",
-            lambda rec: Work(run.run_id, "save_weights", self._complete(rec), action=save),
-        )
+        return self._ordered_action(owner, run, seq_id, "save_weights", save)
 
     def save_weights_for_sampler(self, owner: str, body: dict[str, Any]) -> FutureRecord:
         run = self._run(owner, body["model_id"])
@@ -89,12 +83,8 @@ class CheckpointRequests(RunOrdering):
                 answer["sampling_session_id"] = sampler_id
             return answer
 
-        return self._ordered(
-            owner,
-            run,
-            seq_id,
-            "save_weights_for_sampler",
-            lambda rec: Work(run.run_id, "save_for_sampler", self._complete(rec), action=save),
+        return self._ordered_action(
+            owner, run, seq_id, "save_weights_for_sampler", save, work_kind="save_for_sampler"
         )
 
     def load_weights(self, owner: str, body: dict[str, Any]) -> FutureRecord:
@@ -114,13 +104,7 @@ class CheckpointRequests(RunOrdering):
             self.residency.adopt(run)
             return {"path": str(path), "model_id": run.run_id, "type": "load_weights"}
 
-        return self._ordered(
-            owner,
-            run,
-            seq_id,
-            "load_weights",
-            lambda rec: Work(run.run_id, "load_weights", self._complete(rec), action=load),
-        )
+        return self._ordered_action(owner, run, seq_id, "load_weights", load)
 
     def _load_source(self, owner: str, body: dict[str, Any]) -> tuple[TinkerPath, bool]:
         """The checkpoint a load_weights request reads, checked readable by the caller."""

@@ -9,7 +9,6 @@ from typing import Any
 
 from server.engine.engine import UserError
 from server.protocol.futures import FutureRecord
-from server.scheduling.scheduler import Work
 from server.service.errors import NotFound
 from server.service.ordering import RunOrdering
 from server.storage.checkpoints import TinkerPath, validate_name
@@ -51,14 +50,7 @@ class WeightExports(RunOrdering):
                 "type": "save_weights_external",
             }
 
-        return self._ordered(
-            owner,
-            run,
-            body.get("seq_id"),
-            "save_weights_external",
-            lambda rec: Work(run.run_id, "save_weights_external", self._complete(rec),
-                             action=save),
-        )
+        return self._ordered_action(owner, run, body.get("seq_id"), "save_weights_external", save)
 
     def external_weights_urls(
         self, owner: str, run_id: str, kind: str, name: str, base_url: str

@@ -44,14 +44,26 @@ class RunOrdering(ServiceCore):
                 def refuse() -> None:
                     raise error
 
-                self._ordered(
-                    owner,
-                    run,
-                    seq_id,
-                    kind,
-                    lambda rec: Work(run.run_id, kind, self._complete(rec), action=refuse),
-                )
+                self._ordered_action(owner, run, seq_id, kind, refuse)
             raise
+
+    def _ordered_action(
+        self,
+        owner: str,
+        run: Run,
+        seq_id: int | None,
+        kind: str,
+        action,
+        work_kind: str | None = None,
+    ) -> FutureRecord:
+        """Queue `action` on the run's ordered stream; its result completes the future."""
+        return self._ordered(
+            owner,
+            run,
+            seq_id,
+            kind,
+            lambda rec: Work(run.run_id, work_kind or kind, self._complete(rec), action=action),
+        )
 
     def _ordered(
         self, owner: str, run: Run, seq_id: int | None, kind: str, make_work

@@ -157,13 +157,7 @@ class TrainingRequests(RunOrdering):
         def step() -> dict[str, Any]:
             return {"metrics": self.engine.optim_step(self._require_state(run), params)}
 
-        return self._ordered(
-            owner,
-            run,
-            seq_id,
-            "optim_step",
-            lambda rec: Work(run.run_id, "optim_step", self._complete(rec), action=step),
-        )
+        return self._ordered_action(owner, run, seq_id, "optim_step", step)
 
     def delete_run(self, owner: str, run_id: str) -> None:
         """Free a run: pending requests fail, memory is released, checkpoints stay."""
