@@ -145,10 +145,15 @@ def build(journal: Journal) -> list[Block]:
             blocks.append(Block("p", f"On the held-out test split the best config {verdict} "
                                 f"execution accuracy relative to the baseline "
                                 f"({_diff(test_gain)}, n={test_gain.n})."))
-        base_cfg = TrialConfig.model_validate(spec["base_trial"])
-        best_cfg = TrialConfig.model_validate(best["config"]).with_changes({
-            # trials of a study read dev only; shown as a standalone trial would run it
-            "eval.test_tasks": base_cfg.eval.test_tasks, "eval.baseline": base_cfg.eval.baseline})
+        spec_cfg = TrialConfig.model_validate(spec["base_trial"])
+        # trials of a study read dev only; shown as a standalone trial would run it
+        shown = {"eval.test_tasks": spec_cfg.eval.test_tasks,
+                 "eval.baseline": spec_cfg.eval.baseline}
+        best_cfg = TrialConfig.model_validate(best["config"]).with_changes(shown)
+        # Compared with the baseline as it ran, so what the runner adds to every trial (the
+        # warm-up checkpoint, the pruning evaluations) is not mistaken for a change.
+        base_cfg = (TrialConfig.model_validate(baseline["config"]).with_changes(shown)
+                    if baseline and baseline.get("config") else spec_cfg)
         diff = config_diff(best_cfg, base_cfg)
         blocks.append(Block("h2", "Best config"))
         if diff:

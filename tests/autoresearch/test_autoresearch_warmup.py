@@ -124,3 +124,15 @@ def test_the_wall_clock_budget_does_not_count_the_warmup(tmp_path: Path):
     executor = SlowWarmup(lambda c: 0.3)
     run_study(study, tmp_path / "a", executor=executor)
     assert executor.calls[:2] == ["warmup", "t0001"]  # the search still had its 6 seconds
+
+
+def test_the_report_does_not_count_what_the_runner_adds_to_every_trial_as_a_change(
+        tmp_path: Path):
+    # Every trial gets the warm-up's checkpoint; the base config staying best has no differences.
+    run_study(_study("flat", tmp_path / "cache"), tmp_path / "a",
+              executor=SyntheticExecutor(lambda c: 0.3))
+    report = (tmp_path / "a" / "report.md").read_text()
+    best_config = report.split("## Best config", 1)[1].split("\n## ", 1)[0]
+    assert "the base config stays the best" in report
+    assert "init_checkpoint" in best_config  # shown in the config itself ...
+    assert "| field | base | best |" not in best_config  # ... but not as a difference
