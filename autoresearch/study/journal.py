@@ -202,6 +202,17 @@ class Journal:
         self._study = self._select("SELECT * FROM study")[0]
         return dict(self._study)
 
+    def last_activity(self) -> float | None:
+        """When the study last wrote anything (an event, a step, an evaluation, a state), or
+        None for a new journal: on a resume, the time since then is time the study was down."""
+        if not self.path.exists():
+            return None
+        rows = self._select(
+            "SELECT max(t) AS t FROM (SELECT max(time) AS t FROM events UNION ALL "
+            "SELECT max(time) FROM steps UNION ALL SELECT max(time) FROM evals UNION ALL "
+            "SELECT max(updated) FROM study)")
+        return rows[0]["t"] if rows else None
+
     def study(self) -> dict[str, Any]:
         if self._study is not None:
             return dict(self._study)

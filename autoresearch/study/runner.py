@@ -196,6 +196,7 @@ class StudyRunner:
 
     def _init_journal(self) -> None:
         spec = self.study.model_dump(mode="json")
+        last_activity = self.journal.last_activity()  # before this run writes anything
         row = self.journal.init_study(self.study.name, spec)
         if row["spec"] != spec:
             self.journal.set_study(spec=spec)
@@ -207,7 +208,10 @@ class StudyRunner:
                                per_confirmation=budget.per_confirmation)
         resumed = self.journal.trials()
         if resumed:
-            self.journal.event("study", f"resuming with {len(resumed)} trials in the journal")
+            # The time the study was down does not count against its wall-clock budget.
+            down = max(0.0, time.time() - last_activity) if last_activity else 0.0
+            self.journal.event("study", f"resuming with {len(resumed)} trials in the journal "
+                               f"after {down:.0f} s down", down_seconds=round(down, 3))
         for row in resumed:
             progress = row.get("progress") or {}
             if row["status"] == "stopped" and progress.get("interrupted"):
@@ -314,7 +318,10 @@ class StudyRunner:
         if b.max_wall_seconds is not None:
             # The warm-up is a one-off cost (a rerun takes it from the cache): not the search's.
             warmup = sum(t["wall_seconds"] or 0 for t in trials if t["role"] == "warmup")
-            elapsed = time.time() - self.journal.study()["created"] - warmup
+            # Nor is the time the study was down between an interruption and its resume.
+            down = sum((e["data"] or {}).get("down_seconds", 0) for e in self.journal.events()
+                       if e["kind"] == "study")
+            elapsed = time.time() - self.journal.study()["created"] - warmup - down
             if elapsed >= b.max_wall_seconds:
                 self._say_once("wall", f"wall-clock budget spent: {elapsed:.0f}s of "
                                f"{b.max_wall_seconds:.0f}s")

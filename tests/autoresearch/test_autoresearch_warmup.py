@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from autoresearch.study.journal import Journal
@@ -136,3 +137,23 @@ def test_the_report_does_not_count_what_the_runner_adds_to_every_trial_as_a_chan
     assert "the base config stays the best" in report
     assert "init_checkpoint" in best_config  # shown in the config itself ...
     assert "| field | base | best |" not in best_config  # ... but not as a difference
+
+
+def test_the_wall_clock_budget_does_not_count_the_time_the_study_was_down(tmp_path: Path):
+    def budget(max_trials: int) -> Study:
+        return _study("down", tmp_path / "cache").model_copy(update={"budget": Study.model_validate(
+            {"budget": {"max_trials": max_trials, "confirm_seeds": 0,
+                        "max_wall_seconds": 60.0}}).budget})
+
+    run_study(budget(1), tmp_path / "a", executor=SyntheticExecutor(lambda c: 0.3))
+    # Down for ten minutes, far longer than the whole budget: everything it wrote moves back.
+    with duckdb.connect(str(tmp_path / "a" / "journal.duckdb")) as db:
+        db.execute("UPDATE study SET created = created - 600, updated = updated - 600")
+        for table in ("events", "steps", "evals", "proposals", "decisions"):
+            db.execute(f"UPDATE {table} SET time = time - 600")
+    later = SyntheticExecutor(lambda c: 0.3)
+    run_study(budget(2), tmp_path / "a", executor=later)
+    assert later.calls == ["t0002"]  # the search had time left, so it proposed again
+    down = [e for e in Journal(tmp_path / "a", read_only=True).events()
+            if (e["data"] or {}).get("down_seconds")]
+    assert len(down) == 1 and down[0]["data"]["down_seconds"] >= 600
