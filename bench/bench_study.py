@@ -5,19 +5,20 @@ others reuse it from the bench's warm-up cache, so all trials fork from one chec
 study runs on its own embedded server (the packaged Gemma 3 270M on CPU), one after another:
 
 (a) Positive control (`pos-tpe`): the base config is deliberately weak in one searched dimension
-    (`--weak`, default the trial's SFT learning rate, 25x below the one that works). The study
-    must keep a change whose paired dev gain excludes zero, and that change must still hold on
-    the test split (paired interval of best - base excluding zero), read once, here.
-(b) Null control (`null`): the proposer proposes the base config again under other seeds (with a
-    no-op change, so the study sees a new candidate). Nothing may be kept.
+    (`--weak`, default the RL learning rate, 100x above the one that works). The study must keep
+    a change whose paired dev gain excludes zero, and that change must still hold on the test
+    split (paired interval of best - base excluding zero), read once, for the final best only.
+(b) Null control (`null`): on the healthy base config (the weak dimension at its good value),
+    the proposer proposes that config again under other seeds (with a no-op change, so the
+    study sees a new candidate). Nothing may be kept.
 (c) TPE vs random search (`pos-random`): the positive-control study again, proposed by random
     search on the same budget. Reported: each study's best dev gain over the base, and the
     paired test difference of the two bests, with 95% intervals.
 
 Decisions are the studies' own (dev split only, their keep rule, pruning on a fixed dev subset).
-The test split is read only by this script, after the studies end.
+The test split is read once per study, by its final check of the best config against the base.
 
-    python bench/bench_study.py                    # the full design (about 75 min, 2 quiet cores)
+    python bench/bench_study.py                    # the full design (about 80 min, 2 quiet cores)
     python bench/bench_study.py --smoke            # the same pipeline, tiny sizes (minutes)
     python bench/bench_study.py --resume runs/bench-study/<stamp>   # finish an interrupted run
 
@@ -52,27 +53,31 @@ NO_OP = {"rl.max_train_tokens": 10**12}
 re-proposed base config a new candidate in the study's eyes."""
 
 DESIGNS: dict[str, dict[str, Any]] = {
-    # About 75 minutes of this 2-core machine when quiet (step costs: SFT step of 8 about 15 s,
-    # GRPO step of 4x4 about 20 s, greedy evaluation about 1 s per task).
+    # About 80 minutes of this 2-core machine when quiet. Measured step costs there: an SFT step
+    # of 8 gold queries about 19 s, a GRPO step of 4 x 4 about 35 s, greedy evaluation about
+    # 1.2 s per task; trials side by side share the two cores, so time adds up over trials.
     "full": {
-        "warmup": {"sft": {"steps": 8, "batch_size": 8, "adam": {"learning_rate": 5e-4}},
-                   "checkpoint_every": 4},
-        "base": {"sft": {"steps": 10, "batch_size": 8, "adam": {"learning_rate": 5e-4}},
-                 "rl": {"steps": 4, "prompts_per_step": 4, "group_size": 4, "max_tokens": 64,
+        # The warm-up does the learning a 270M model can do on this budget (dev 0 -> about
+        # 0.1); trials are short GRPO runs forked from it, so a base config that wrecks what
+        # the warm-up taught is a weakness 96 paired dev tasks can see.
+        "warmup": {"sft": {"steps": 16, "batch_size": 8, "adam": {"learning_rate": 5e-4}},
+                   "checkpoint_every": 8},
+        "base": {"sft": {"steps": 0},
+                 "rl": {"steps": 3, "prompts_per_step": 4, "group_size": 4, "max_tokens": 64,
                         "adam": {"learning_rate": 1e-4}},
                  "eval": {"every": 0, "dev_tasks": 96, "test_tasks": 100, "max_tokens": 64},
-                 "checkpoint_every": 5},
+                 "checkpoint_every": 1},
         "pruning": {"kind": "successive_halving", "every": 2, "dev_tasks": 32, "min_resource": 2,
                     "reduction_factor": 2, "margin_z": 1.0},
         "budget": {"max_trials": 4, "confirm_seeds": 1, "max_confirm_trials": 2},
-        "null_trials": 3,
+        "null_trials": 2,
         "parallel": 2,
     },
     # The same pipeline at toy sizes: proves it runs end to end, decides nothing.
     "smoke": {
         "warmup": {"sft": {"steps": 2, "batch_size": 2, "adam": {"learning_rate": 5e-4}},
                    "checkpoint_every": 1},
-        "base": {"sft": {"steps": 1, "batch_size": 2, "adam": {"learning_rate": 5e-4}},
+        "base": {"sft": {"steps": 0},
                  "rl": {"steps": 2, "prompts_per_step": 2, "group_size": 2, "max_tokens": 16,
                         "adam": {"learning_rate": 1e-4}},
                  "eval": {"every": 0, "dev_tasks": 4, "test_tasks": 4, "max_tokens": 16},
@@ -86,13 +91,16 @@ DESIGNS: dict[str, dict[str, Any]] = {
 }
 
 WEAK = {
-    # dimension: (the weak value in the base config, the search space)
-    "sft-lr": ({"sft.adam.learning_rate": 2e-5},
-               {"sft.adam.learning_rate": {"low": 1e-5, "high": 2e-3, "log": True},
-                "rl.adam.learning_rate": {"low": 1e-5, "high": 5e-4, "log": True}}),
-    "rl-lr": ({"rl.adam.learning_rate": 1e-5},
-              {"rl.adam.learning_rate": {"low": 1e-6, "high": 1e-3, "log": True},
-               "rl.temperature": {"low": 0.7, "high": 1.2}}),
+    # dimension: (the weak value the positive control's base config gets, the search space)
+    # The RL learning rate 100x too high: a few Adam steps of that size undo the warm-up.
+    "rl-lr-high": ({"rl.adam.learning_rate": 1e-2},
+                   {"rl.adam.learning_rate": {"low": 1e-5, "high": 1e-2, "log": True},
+                    "rl.temperature": {"low": 0.7, "high": 1.2}}),
+    # Ten times too low (the design first considered): on trials this short RL barely moves
+    # the model at any learning rate, so this control has almost no effect to find.
+    "rl-lr-low": ({"rl.adam.learning_rate": 1e-5},
+                  {"rl.adam.learning_rate": {"low": 1e-6, "high": 1e-3, "log": True},
+                   "rl.temperature": {"low": 0.7, "high": 1.2}}),
 }
 
 
@@ -109,9 +117,10 @@ class NullProposer:
         return ProposalBatch(self.name, "sampled", proposals)
 
 
-def _base_trial(design: dict[str, Any], weak: str) -> dict[str, Any]:
+def _base_trial(design: dict[str, Any], weak: str | None) -> dict[str, Any]:
+    """The design's base trial; with `weak`, one dimension set to its deliberately bad value."""
     base = json.loads(json.dumps(design["base"]))
-    for dotted, value in WEAK[weak][0].items():
+    for dotted, value in (WEAK[weak][0] if weak else {}).items():
         node = base
         *parents, leaf = dotted.split(".")
         for key in parents:
@@ -121,9 +130,9 @@ def _base_trial(design: dict[str, Any], weak: str) -> dict[str, Any]:
 
 
 def make_study(name: str, design: dict[str, Any], weak: str, cache: Path, proposer: str,
-               seed: int, model: str | None) -> Study:
+               seed: int, model: str | None, healthy: bool = False) -> Study:
     space = WEAK[weak][1]
-    base = _base_trial(design, weak)
+    base = _base_trial(design, None if healthy else weak)
     if model is not None:  # another embedded model: the trials must name it
         base.update(base_model=model, tokenizer=model)
     return Study.model_validate({
@@ -193,7 +202,7 @@ def summarise(label: str, directory: Path, seconds: float) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: minutes, no verdict")
-    parser.add_argument("--weak", choices=sorted(WEAK), default="sft-lr",
+    parser.add_argument("--weak", choices=sorted(WEAK), default="rl-lr-high",
                         help="the dimension the positive control's base config gets wrong")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default=None,
@@ -222,7 +231,9 @@ def main() -> int:
         if name in summary["parts"]:
             print(f"{name}: already done ({summary['parts'][name]['seconds']:.0f} s)")
             continue
-        study = make_study(name, design, args.weak, cache, kind, args.seed, args.model)
+        # The null control re-proposes the healthy base: seed noise on a model that works.
+        study = make_study(name, design, args.weak, cache, kind, args.seed, args.model,
+                           healthy=name == "null")
         if name == "null":
             study = study.model_copy(update={"budget": study.budget.model_copy(
                 update={"max_trials": 1 + design["null_trials"]})})
