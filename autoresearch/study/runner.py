@@ -134,13 +134,13 @@ class StudyRunner:
         self._init_journal()
         self._replay_pruning()
         try:
-            with self._executor_for_study() as executor:
-                if not isinstance(executor, ControlledExecutor):
-                    executor = ControlledExecutor(executor, self.control)
+            with self._executor_for_study() as given:
+                executor = self._controlled(given)
                 try:
                     self._warm_up(executor)
-                    self._loop(executor)
-                    self._final_test(executor)
+                    trials = self._controlled(self._with_trial_cache(given))
+                    self._loop(trials)
+                    self._final_test(trials)
                 except KeyboardInterrupt:
                     self._interrupt()  # before the server goes down under the trials
                     raise
@@ -162,18 +162,44 @@ class StudyRunner:
             return
         from autoresearch.study.warmup import WARMUP_ID
 
-        owner, exists = None, None
-        if self._server_data is not None:
-            from server.api.auth import owner_of
-
-            owner = owner_of(_api_key())
-        elif (url := self.study.resolved_server_url()) is not None:
-            def exists(path: str) -> bool:
-                return remote_checkpoint_exists(url, _api_key(), path)
+        owner, exists = self._checkpoint_access()
         stage = WarmupStage(self.study, self.journal, self.dir, self._server_data, owner, exists)
         self._trackers[WARMUP_ID] = ProgressTracker(stage.config)
         checkpoint = stage.ensure(executor, self._step_sink(WARMUP_ID, "warmup"))
         self.space = self.study.space(checkpoint)
+
+    def _controlled(self, executor: Executor) -> Executor:
+        """`executor`, obeying the study's pause and stop requests at every step."""
+        if isinstance(executor, ControlledExecutor):
+            return executor
+        return ControlledExecutor(executor, self.control)
+
+    def _checkpoint_access(self) -> tuple[str | None, Any]:
+        """(owner of the embedded server's runs, or None; whether a named server still holds
+        a checkpoint, or None): what installing or trusting a cached checkpoint needs."""
+        if self._server_data is not None:
+            from server.api.auth import owner_of
+
+            return owner_of(_api_key()), None
+        if (url := self.study.resolved_server_url()) is not None:
+            def exists(path: str) -> bool:
+                return remote_checkpoint_exists(url, _api_key(), path)
+
+            return None, exists
+        return None, None
+
+    def _with_trial_cache(self, executor: Executor) -> Executor:
+        """The executor trials run on: `executor`, or, where the study declares a trial cache,
+        one that replays trials an earlier study already ran."""
+        spec = self.study.trial_cache
+        if spec is None:
+            return executor
+        from autoresearch.study.trial_cache import CachingExecutor, TrialCache, cache_root
+        from autoresearch.study.warmup import server_scope
+
+        owner, exists = self._checkpoint_access()
+        cache = TrialCache(cache_root(spec.dir), server_scope(self.study))
+        return CachingExecutor(executor, cache, self._server_data, owner, exists)
 
     def _replay_pruning(self) -> None:
         if not self.pruning.enabled:

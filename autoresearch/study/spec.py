@@ -99,6 +99,15 @@ class WarmupSpec(_Strict):
     on the results volume, so other study pods find it."""
 
 
+class TrialCacheSpec(_Strict):
+    """Reuse finished trials across studies: a trial whose config (name aside) already ran to
+    the end on the same server is replayed from the cache instead of trained again."""
+
+    dir: str | None = None
+    """Where finished trials are kept (default $AUTORESEARCH_CACHE/trials, else
+    ~/.cache/autoresearch/trials)."""
+
+
 class PruningSpec(_Strict):
     """Stop losing trials early: trials score a fixed dev subset every `every` RL steps and
     Optuna's pruner compares them at equal steps; a trial is pruned only when the pruner says
@@ -140,6 +149,8 @@ class Study(_Strict):
     warmup: WarmupSpec | None = None
     """A study-level warm-up every trial forks from (its `init_checkpoint`)."""
     pruning: PruningSpec = PruningSpec()
+    trial_cache: TrialCacheSpec | None = None
+    """Off unless declared: with it, identical trials of earlier studies are replayed."""
     search_space: dict[str, Param] = Field(default_factory=lambda: dict(DEFAULT_SPACE))
     budget: Budget = Budget()
     proposer: ProposerSpec = ProposerSpec()

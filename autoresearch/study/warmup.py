@@ -37,6 +37,11 @@ from typing import Any
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.record import TrialRecord
 from autoresearch.rl.trial import TrialResult
+from autoresearch.study.checkpoint_files import (
+    checkpoint_paths,
+    copy_checkpoint,
+    install_checkpoint,
+)
 from autoresearch.study.executors.base import Executor, StepSink, TrialJob
 from autoresearch.study.journal import Journal
 from autoresearch.study.spec import Study
@@ -73,16 +78,6 @@ def cache_key(config: TrialConfig, scope: str) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def _where(data_dir: Path, checkpoint: str) -> tuple[Path, Path]:
-    """(run directory, checkpoint directory) of `checkpoint` in a server data directory, as the
-    server's own store lays them out."""
-    from server.storage.checkpoints import CheckpointStore, TinkerPath
-
-    path = TinkerPath.parse(checkpoint)
-    store = CheckpointStore(data_dir)
-    return store.run_dir(path.run_id), store.checkpoint_dir(path)
-
-
 class WarmupCache:
     """One cache entry (a directory); written whole and renamed into place."""
 
@@ -106,10 +101,7 @@ class WarmupCache:
             if record.exists():
                 shutil.copy2(record, staging / "record.jsonl")
             if server_data is not None:
-                source_run, source = _where(server_data, entry["checkpoint"])
-                target_run, target = _where(staging / "server-data", entry["checkpoint"])
-                shutil.copytree(source, target)
-                shutil.copy2(source_run / "run.json", target_run / "run.json")
+                copy_checkpoint(server_data, staging / "server-data", entry["checkpoint"])
             (staging / ENTRY_FILE).write_text(json.dumps(entry, indent=2))
             if self.dir.exists():
                 shutil.rmtree(staging)
@@ -122,21 +114,11 @@ class WarmupCache:
     def install(self, checkpoint: str, server_data: Path, owner: str) -> None:
         """Make the cached checkpoint loadable by a server whose data directory is
         `server_data`, owned by `owner` (the key the study's trials use)."""
-        source_run, source = _where(self.dir / "server-data", checkpoint)
-        target_run, target = _where(server_data, checkpoint)
-        if not source.exists():
-            raise WarmupFailed(f"the cache entry {self.dir} holds no copy of {checkpoint}")
-        if not (target / "adapter_model.safetensors").exists():
-            staging = Path(tempfile.mkdtemp(prefix=".import-", dir=server_data / "runs"))
-            shutil.copytree(source, staging / target.name)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(staging / target.name, target)
-            shutil.rmtree(staging, ignore_errors=True)
-        meta = json.loads((source_run / "run.json").read_text())
-        meta["owner"] = owner
-        tmp = target_run / ".run.json.tmp"
-        tmp.write_text(json.dumps(meta, indent=2))
-        os.replace(tmp, target_run / "run.json")
+        try:
+            install_checkpoint(self.dir / "server-data", server_data, checkpoint, owner)
+        except FileNotFoundError as exc:
+            raise WarmupFailed(f"the cache entry {self.dir} holds no copy of {checkpoint}") \
+                from exc
 
 
 def remote_checkpoint_exists(server_url: str, api_key: str, checkpoint: str) -> bool:
@@ -206,7 +188,7 @@ class WarmupStage:
     def _install(self, checkpoint: str) -> None:
         if self.server_data is None or self.owner is None:
             return
-        if _where(self.server_data, checkpoint)[1].exists():
+        if checkpoint_paths(self.server_data, checkpoint)[1].exists():
             return  # this study's own server trained it
         self.cache.install(checkpoint, self.server_data, self.owner)
 
