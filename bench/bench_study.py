@@ -21,7 +21,7 @@ study runs on its own embedded server (the packaged Gemma 3 270M on CPU), one af
 Decisions are the studies' own (dev split only, their keep rule, pruning on a fixed dev subset).
 The test split is read once per study, by its final check of the best config against the base.
 
-    python bench/bench_study.py                    # the full design (about 80 min, 2 quiet cores)
+    python bench/bench_study.py                    # the full design (about 70 min, 2 quiet cores)
     python bench/bench_study.py --smoke            # the same pipeline, tiny sizes (minutes)
     python bench/bench_study.py --resume runs/bench-study/<stamp>   # finish an interrupted run
 
@@ -57,9 +57,10 @@ NO_OP = {"rl.max_train_tokens": 10**12}
 re-proposed base config a new candidate in the study's eyes."""
 
 DESIGNS: dict[str, dict[str, Any]] = {
-    # About 80 minutes of this 2-core machine when quiet. Measured step costs there: an SFT step
-    # of 8 gold queries about 19 s, a GRPO step of 4 x 4 about 35 s, greedy evaluation about
-    # 1.2 s per task; trials side by side share the two cores, so time adds up over trials.
+    # About 70 minutes of this 2-core machine when quiet (4130 s measured). Measured step costs
+    # there: an SFT step of 8 gold queries about 19 s, a GRPO step of 4 x 4 about 35 s, greedy
+    # evaluation about 1.2 s per task; trials side by side share the two cores, so time adds up
+    # over trials.
     "full": {
         # The warm-up does the learning a 270M model can do on this budget (dev 0 -> about
         # 0.1); trials are short GRPO runs forked from it, so a base config that wrecks what
