@@ -286,8 +286,8 @@ def main() -> int:
 
 def _replayed(directory: Path) -> bool:
     """Whether the trial in `directory` was replayed from the trial cache, not trained."""
-    return any("replayed from the trial cache" in str(e.get("message"))
-               for e in TrialRecord(directory).of_type("event")) if directory.is_dir() else False
+    return directory.is_dir() and any(
+        e.get("cache_key") for e in TrialRecord(directory).of_type("event"))
 
 
 def _best_row(directory: Path) -> dict | None:

@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,7 +37,12 @@ from typing import Any
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.record import RECORD_FILE, TrialRecord
 from autoresearch.rl.trial import TrialResult
-from autoresearch.study.checkpoint_files import copy_checkpoint, install_checkpoint
+from autoresearch.study.cache_files import (
+    copy_checkpoint,
+    default_cache_dir,
+    install_checkpoint,
+    publish_entry,
+)
 from autoresearch.study.executors.base import Executor, StepSink, TrialJob
 
 log = logging.getLogger(__name__)
@@ -56,10 +60,7 @@ def _version() -> str:
 
 
 def cache_root(directory: str | None) -> Path:
-    if directory:
-        return Path(directory)
-    root = os.environ.get("AUTORESEARCH_CACHE") or Path.home() / ".cache" / "autoresearch"
-    return Path(root) / "trials"
+    return Path(directory) if directory else default_cache_dir("trials")
 
 
 def trial_key(config: TrialConfig, scope: str) -> str:
@@ -96,12 +97,7 @@ class TrialCache:
 
     def store(self, key: str, config: TrialConfig, result: TrialResult,
               server_data: Path | None) -> None:
-        target = self.entry_dir(key)
-        if target.exists():
-            return
-        self.root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.root))
-        try:
+        def fill(staging: Path) -> None:
             shutil.copy2(Path(result.directory) / RECORD_FILE, staging / RECORD_FILE)
             if server_data is not None and result.checkpoint:
                 copy_checkpoint(server_data, staging / "server-data", result.checkpoint)
@@ -109,13 +105,8 @@ class TrialCache:
                      "config": config.model_dump(mode="json"), "checkpoint": result.checkpoint,
                      "wall_seconds": result.wall_seconds, "created": time.time()}
             (staging / ENTRY_FILE).write_text(json.dumps(entry, indent=2))
-            if target.exists():
-                shutil.rmtree(staging)
-                return
-            os.replace(staging, target)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+
+        publish_entry(self.entry_dir(key), fill)
 
 
 def _as_progress(entry: dict[str, Any]) -> dict[str, Any] | None:

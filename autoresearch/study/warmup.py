@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,10 +36,12 @@ from typing import Any
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.record import TrialRecord
 from autoresearch.rl.trial import TrialResult
-from autoresearch.study.checkpoint_files import (
+from autoresearch.study.cache_files import (
     checkpoint_paths,
     copy_checkpoint,
+    default_cache_dir,
     install_checkpoint,
+    publish_entry,
 )
 from autoresearch.study.executors.base import Executor, StepSink, TrialJob
 from autoresearch.study.journal import Journal
@@ -62,8 +63,7 @@ def cache_root(study: Study) -> Path:
         return Path(spec.cache_dir)
     if os.environ.get("AUTORESEARCH_WARMUPS"):
         return Path(os.environ["AUTORESEARCH_WARMUPS"])
-    root = os.environ.get("AUTORESEARCH_CACHE") or Path.home() / ".cache" / "autoresearch"
-    return Path(root) / "warmups"
+    return default_cache_dir("warmups")
 
 
 def server_scope(study: Study) -> str:
@@ -95,21 +95,14 @@ class WarmupCache:
               server_data: Path | None = None) -> None:
         """Publish a finished warm-up (a concurrent study publishing the same one wins or
         loses the rename; either copy is the same warm-up)."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.root))
-        try:
+        def fill(staging: Path) -> None:
             if record.exists():
                 shutil.copy2(record, staging / "record.jsonl")
             if server_data is not None:
                 copy_checkpoint(server_data, staging / "server-data", entry["checkpoint"])
             (staging / ENTRY_FILE).write_text(json.dumps(entry, indent=2))
-            if self.dir.exists():
-                shutil.rmtree(staging)
-                return
-            os.replace(staging, self.dir)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+
+        publish_entry(self.dir, fill)
 
     def install(self, checkpoint: str, server_data: Path, owner: str) -> None:
         """Make the cached checkpoint loadable by a server whose data directory is

@@ -1,4 +1,9 @@
-"""Checkpoint files carried between embedded servers' data directories.
+"""Files of the study caches (warm-ups, finished trials): where they live, how an entry is
+published, and how checkpoints travel between embedded servers' data directories.
+
+An entry is staged in a temporary directory beside its final place and renamed into place
+whole, so a reader never sees half of one; two studies publishing the same entry at once are
+both right, and the first rename wins.
 
 An embedded server's data directory is private to its study, so a checkpoint another study
 should start from (a cached warm-up) or score (a cached trial) travels as files: the adapter
@@ -13,7 +18,32 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+
+
+def default_cache_dir(kind: str) -> Path:
+    """$AUTORESEARCH_CACHE/<kind>, else ~/.cache/autoresearch/<kind>."""
+    root = os.environ.get("AUTORESEARCH_CACHE") or Path.home() / ".cache" / "autoresearch"
+    return Path(root) / kind
+
+
+def publish_entry(target: Path, fill: Callable[[Path], None]) -> None:
+    """Create the cache entry `target` unless it exists: `fill` writes it into a staging
+    directory, which is then renamed into place (removed if anything fails)."""
+    if target.exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
+    try:
+        fill(staging)
+        if target.exists():
+            shutil.rmtree(staging)
+            return
+        os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def checkpoint_paths(data_dir: Path, checkpoint: str) -> tuple[Path, Path]:
