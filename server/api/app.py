@@ -26,6 +26,7 @@ from server.engine.engine import UserError
 from server.engine.losses import LossError
 from server.protocol.codec import WireError, decode_forward_backward
 from server.protocol.futures import LONG_POLL_SECONDS, FutureRecord
+from server.protocol.json_values import json_safe
 from server.service.request_fields import RequestBody, integer
 from server.service.service import (
     Backpressure,
@@ -129,6 +130,8 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
                     result = (
                         await handler(request, who) if authenticated else await handler(request)
                     )
+                    if not isinstance(result, Response):
+                        result = json_safe(result if result is not None else {"status": "ok"})
                 except AuthError as exc:
                     return _error(401, str(exc), "authentication_error")
                 except NotFound as exc:
@@ -156,7 +159,7 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
                     )
                 if isinstance(result, Response):
                     return result
-                return JSONResponse(result if result is not None else {"status": "ok"})
+                return JSONResponse(result)
 
             app.add_api_route(api + path, endpoint, methods=[method])
             return handler

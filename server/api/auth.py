@@ -53,7 +53,9 @@ class KeyRing:
             if not key.startswith("tml-"):
                 raise AuthError("API keys must start with 'tml-'")
             return owner_of(key)
-        if any(hmac.compare_digest(key, known) for known in self._keys):
+        # Bytes, not str: `compare_digest` raises on non-ASCII strings, and a header may carry any.
+        sent = key.encode("utf-8", "surrogatepass")
+        if any(hmac.compare_digest(sent, known.encode()) for known in self._keys):
             return owner_of(key)
         raise AuthError("unknown API key")
 

@@ -30,6 +30,10 @@ class UserError(ValueError):
     """The request is invalid; report it to the client as a `user` error."""
 
 
+class NonFiniteRun(UserError):
+    """The run's weights are not finite; load a checkpoint into it to go on."""
+
+
 @dataclass
 class AdamParams:
     learning_rate: float = 1e-4
@@ -47,6 +51,9 @@ class RunState:
     adapter: AdapterWeights
     optimizer: torch.optim.AdamW
     steps: int = 0
+    nonfinite: str | None = None
+    """Why the run's weights are not finite (set when weights were loaded so); such a run
+    refuses training until a checkpoint is loaded into it."""
 
 
 @dataclass
@@ -212,6 +219,12 @@ class Engine:
         state = RunState(adapter, self._optimizer(adapter))
         if optimizer_state is not None:
             state.optimizer.load_state_dict(optimizer_state)
+        if not _all_finite(adapter.parameters()):
+            state.nonfinite = (
+                "the run's weights are not finite (they were loaded so); its forward passes "
+                "give NaN for it alone and optim_step is refused until a finite checkpoint is "
+                "loaded with load_state"
+            )
         return state
 
     # ----------------------------------------------------------- validation
@@ -442,7 +455,7 @@ class Engine:
                 spans[-1] = (j, spans[-1][1], k + 1)
             else:
                 spans.append((j, k, k + 1))
-        groups = [RowGroup(jobs[j].state.adapter, a, b) for j, a, b in spans]
+        groups = [RowGroup(_routed_adapter(jobs[j]), a, b) for j, a, b in spans]
         needs_grad = any(not jobs[j].forward_only for j, _ in chunk)
         padded: dict[int, dict[str, torch.Tensor]] = {}
         active = torch.zeros(tokens.shape, dtype=torch.bool, device=self.device)
@@ -488,7 +501,7 @@ class Engine:
         """All rows through packed micro-batches; datums share a row only within one adapter."""
         packed = prefix_sharing.plan_rows(
             [jobs[j].data[i].tokens for j, i in rows],
-            [(id(jobs[j].state.adapter), jobs[j].forward_only) for j, _ in rows],
+            [(id(_routed_adapter(jobs[j])), jobs[j].forward_only) for j, _ in rows],
             row_tokens=min(prefix_sharing.ROW_TOKENS, self.tokens_per_microbatch),
         )
         for part in self._packed_microbatches(packed):
@@ -555,7 +568,7 @@ class Engine:
         # Rows of one adapter are adjacent (the planner groups them by key).
         row_groups: list[RowGroup] = []
         for k, row in enumerate(packed):
-            adapter = jobs[rows[row.members[0]][0]].state.adapter
+            adapter = _routed_adapter(jobs[rows[row.members[0]][0]])
             if row_groups and row_groups[-1].adapter is adapter:
                 row_groups[-1] = RowGroup(adapter, row_groups[-1].start, k + 1)
             else:
@@ -733,12 +746,28 @@ class Engine:
         return torch.log_softmax(logits, dim=-1)[pos, targets]
 
     def optim_step(self, state: RunState, params: AdamParams) -> dict[str, float]:
-        """One AdamW step on this run only; its gradient norm is clipped on its own gradients."""
+        """One AdamW step on this run only; its gradient norm is clipped on its own gradients.
+
+        A step is all or nothing: gradients that are not finite are refused before anything
+        moves, and a step whose result would not be finite (a learning rate or weight decay
+        large enough to overflow) is undone, so weights and AdamW state stay as they were and
+        the run can go on from its last good state. Both refusals are the client's error.
+        """
         started = time.perf_counter()
+        if state.nonfinite is not None:
+            raise NonFiniteRun(state.nonfinite)
         tensors = state.adapter.parameters()
         grads = [t for t in tensors if t.grad is not None]
         clip = params.grad_clip_norm if params.grad_clip_norm > 0 else math.inf
         norm = float(torch.nn.utils.clip_grad_norm_(grads, clip)) if grads else 0.0
+        if not math.isfinite(norm):
+            state.optimizer.zero_grad(set_to_none=True)
+            raise UserError(
+                f"optim_step refused: the accumulated gradient norm is {norm} (a loss that is "
+                "not finite, e.g. logprobs far from the model's); the gradients were dropped and "
+                "the weights and optimizer state are unchanged"
+            )
+        saved = _snapshot(state)
         for group in state.optimizer.param_groups:
             group["lr"] = params.learning_rate
             group["betas"] = (params.beta1, params.beta2)
@@ -746,6 +775,13 @@ class Engine:
             group["weight_decay"] = params.weight_decay
         state.optimizer.step()
         state.optimizer.zero_grad(set_to_none=True)
+        if not _all_finite(tensors):
+            _restore(state, saved)
+            raise UserError(
+                f"optim_step refused: learning_rate={params.learning_rate} and "
+                f"weight_decay={params.weight_decay} would make the weights non-finite; the "
+                "step was undone and the weights and optimizer state are unchanged"
+            )
         state.steps += 1
         self.stats.busy_seconds += time.perf_counter() - started
         return {"grad_norm:mean": norm, "learning_rate:mean": params.learning_rate}
@@ -1009,6 +1045,13 @@ class Engine:
         return decoding.StopStrings(strings, self._pieces, self.tokenizer.decode).hit
 
 
+def _routed_adapter(job: ForwardBackwardJob) -> AdapterWeights:
+    """The adapter a job's rows go through: forward-only jobs through a detached view, so
+    being fused with a training job never gives their run a gradient."""
+    adapter = job.state.adapter
+    return adapter.detached() if job.forward_only and adapter is not None else adapter
+
+
 def _active_pairs(loss_fn: str, inputs: dict[str, np.ndarray], n: int, depth: int) -> np.ndarray:
     """Which of a datum's `n * depth` (position, target) pairs can have a non-zero loss term."""
     if loss_fn == "cross_entropy":
@@ -1035,3 +1078,32 @@ def _job_blocks(owners: list[int], live: list[int]) -> list[tuple[int, int, int]
 def _row_groups(jobs: list[SampleJob], owners: list[int], live: list[int]) -> list[RowGroup]:
     """LoRA routing for the rows still in the batch."""
     return [RowGroup(jobs[j].adapter, first, stop) for j, first, stop in _job_blocks(owners, live)]
+
+
+def _all_finite(tensors: list[torch.Tensor]) -> bool:
+    """One reduction per tensor, no copies: a single flag to the host."""
+    if not tensors:
+        return True
+    return bool(torch.stack([torch.isfinite(t.detach()).all() for t in tensors]).all())
+
+
+def _snapshot(state: RunState) -> tuple[list[torch.Tensor], dict]:
+    """The run's weights and AdamW state, copied, so a step can be undone."""
+    weights = [t.detach().clone() for t in state.adapter.parameters()]
+    optim = {
+        id(p): {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()}
+        for p, s in state.optimizer.state.items()
+    }
+    return weights, optim
+
+
+def _restore(state: RunState, saved: tuple[list[torch.Tensor], dict]) -> None:
+    weights, optim = saved
+    with torch.no_grad():
+        for tensor, value in zip(state.adapter.parameters(), weights):
+            tensor.copy_(value)
+    for param in list(state.optimizer.state):
+        if id(param) in optim:
+            state.optimizer.state[param] = optim[id(param)]
+        else:
+            del state.optimizer.state[param]

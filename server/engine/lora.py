@@ -60,9 +60,21 @@ class AdapterWeights:
     spec: LoraSpec
     a: dict[str, torch.Tensor] = field(default_factory=dict)
     b: dict[str, torch.Tensor] = field(default_factory=dict)
+    _detached: AdapterWeights | None = field(default=None, repr=False, compare=False)
 
     def parameters(self) -> list[torch.Tensor]:
         return [t for name in sorted(self.a) for t in (self.a[name], self.b[name])]
+
+    def detached(self) -> AdapterWeights:
+        """The same weights (shared storage, so later steps show through) outside autograd:
+        a forward-only pass routed through it can never leave a gradient, not even zeros."""
+        if self._detached is None:
+            self._detached = AdapterWeights(
+                self.spec,
+                {k: v.detach() for k, v in self.a.items()},
+                {k: v.detach() for k, v in self.b.items()},
+            )
+        return self._detached
 
     def frozen_copy(self) -> AdapterWeights:
         """An immutable snapshot: detached clones that later training cannot touch."""
@@ -93,12 +105,12 @@ class RowGroup:
 
 
 class Routing:
-    """The row groups of one batch, and the stacked-adapter plan every layer reuses.
+    """The row groups of one batch, merged where one adapter's rows are adjacent.
 
-    With several adapters in a batch, each layer computes all of their LoRA deltas in two
-    matrix products (the adapters' A stacked along the rank, then their B), with a row-by-rank
-    mask that keeps each row's own adapter and applies its scale. Two products and one mask per
-    layer whatever the number of adapters, instead of slicing rows and adding per adapter.
+    Isolation is by construction: each group's rows are sliced out and multiplied by that
+    group's adapter alone. No row is ever multiplied by another run's weights, not even by
+    weights masked to zero (NaN x 0 is NaN, so a masked product would let one run's diverged
+    adapter reach every run it shares a batch with).
     """
 
     def __init__(self, groups: list[RowGroup]):
@@ -112,33 +124,7 @@ class Routing:
             else:
                 merged.append(group)
         self.groups = tuple(merged)
-        routed = [g for g in self.groups if g.adapter is not None]
-        self.adapters: list[AdapterWeights] = []
-        for group in routed:
-            if not any(group.adapter is a for a in self.adapters):
-                self.adapters.append(group.adapter)
-        self.total_rank = sum(a.spec.rank for a in self.adapters)
-        self._masks: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
-
-    def mask(self, batch: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """`[batch, total_rank]`: the adapter's scale on a row's own adapter's columns, else 0."""
-        key = (batch, device, dtype)
-        if key not in self._masks:
-            offsets, cursor = [], 0
-            for adapter in self.adapters:
-                offsets.append(cursor)
-                cursor += adapter.spec.rank
-            mask = torch.zeros(batch, self.total_rank, dtype=dtype)
-            for group in self.groups:
-                if group.adapter is None:
-                    continue
-                k = next(i for i, a in enumerate(self.adapters) if a is group.adapter)
-                first = offsets[k]
-                mask[group.start : group.stop, first : first + group.adapter.spec.rank] = (
-                    group.adapter.spec.scale
-                )
-            self._masks[key] = mask.to(device)
-        return self._masks[key]
+        self.routed = tuple(g for g in self.groups if g.adapter is not None)
 
 
 _ROUTING: contextvars.ContextVar[Routing | None] = contextvars.ContextVar(
@@ -179,30 +165,18 @@ class MultiLoRALinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
         plan = _ROUTING.get()
-        if plan is None or not plan.adapters:
+        if plan is None or not plan.routed:
             return out
-        routed = [g for g in plan.groups if g.adapter is not None and self.name in g.adapter.a]
+        routed = [g for g in plan.routed if self.name in g.adapter.a]
         if not routed:
             return out
-        batch = x.shape[0]
-        if len(routed) == 1 and routed[0].start == 0 and routed[0].stop == batch:
+        if len(routed) == 1 and routed[0].start == 0 and routed[0].stop == x.shape[0]:
             return out + self._delta(x, routed[0].adapter, out.dtype)
-        # Stacking computes every row against every adapter's rank: worth it while the stacked
-        # rank stays small next to the layer's input width.
-        if plan.total_rank * 2 <= self.in_features and all(self.name in a.a for a in plan.adapters):
-            return out + self._stacked_delta(x, plan, out.dtype)
         return self._grouped(x, out, routed)
 
-    def _stacked_delta(self, x: torch.Tensor, plan: Routing, dtype: torch.dtype) -> torch.Tensor:
-        """Every row's delta through its own adapter, all adapters in two products."""
-        a = torch.cat([adapter.a[self.name] for adapter in plan.adapters])
-        b = torch.cat([adapter.b[self.name] for adapter in plan.adapters], dim=1)
-        mask = plan.mask(x.shape[0], a.device, a.dtype)
-        mask = mask.view(x.shape[0], *([1] * (x.dim() - 2)), plan.total_rank)
-        return (((x.to(a.dtype) @ a.T) * mask) @ b.T).to(dtype)
-
     def _grouped(self, x: torch.Tensor, out: torch.Tensor, routed: list[RowGroup]) -> torch.Tensor:
-        """Per-group deltas, for batches whose adapters do not all cover this layer."""
+        """Each group's delta from its own rows and its own adapter only (a segmented product);
+        rows of no adapter get nothing added."""
         batch = x.shape[0]
         if not torch.is_grad_enabled():
             for group in routed:

@@ -15,6 +15,7 @@ from server.engine.engine import Engine, RunState, UserError
 from server.engine.lora import AdapterWeights
 from server.observability.metrics import ServerMetrics
 from server.protocol.futures import FutureRecord, FutureStore
+from server.protocol.json_values import json_safe
 from server.scheduling.scheduler import Scheduler, Work
 from server.service.errors import USER_ERRORS, Backpressure, NotFound, QuotaExceeded
 from server.service.lifecycle import SnapshotLedger
@@ -203,7 +204,9 @@ class ServiceCore:
                 if to_proto is not None:
                     self.futures.resolve_proto(record, to_proto(result))
                 else:
-                    self.futures.resolve_json(record, to_json(result) if to_json else result)
+                    self.futures.resolve_json(
+                        record, json_safe(to_json(result) if to_json else result)
+                    )
             except Exception as exc:  # noqa: BLE001
                 log.exception("encoding result of %s failed", record.request_id)
                 self.futures.fail(record, f"could not encode result: {exc}", "server")

@@ -14,6 +14,9 @@ from server.engine.engine import AdamParams
 from server.service.request_fields import FieldError, number
 
 ADAM_KEYS = tuple(f.name for f in fields(AdamParams))
+MAX_LEARNING_RATE = 1.0
+"""Far above any LoRA learning rate that trains (1e-5 to 1e-2); beyond it one step moves every
+weight by about the learning rate and the run is destroyed without any value going NaN."""
 
 
 def parse_adam_params(body: dict[str, Any]) -> AdamParams:
@@ -39,7 +42,7 @@ def parse_adam_params(body: dict[str, Any]) -> AdamParams:
     values = {k: number(v, f"adam_params.{k}") for k, v in raw.items() if k != "type"}
     params = AdamParams(**values)
     checks = {
-        "learning_rate": params.learning_rate >= 0,
+        "learning_rate": 0 <= params.learning_rate <= MAX_LEARNING_RATE,
         "beta1": 0 <= params.beta1 < 1,
         "beta2": 0 <= params.beta2 < 1,
         "eps": params.eps > 0,
@@ -49,7 +52,7 @@ def parse_adam_params(body: dict[str, Any]) -> AdamParams:
     bad = [k for k, ok in checks.items() if not ok]
     if bad:
         rules = {
-            "learning_rate": ">= 0",
+            "learning_rate": f"in [0, {MAX_LEARNING_RATE}]",
             "beta1": "in [0, 1)",
             "beta2": "in [0, 1)",
             "eps": "> 0",
@@ -58,4 +61,11 @@ def parse_adam_params(body: dict[str, Any]) -> AdamParams:
         }
         key = bad[0]
         raise FieldError(f"adam_params.{key} must be {rules[key]}, got {getattr(params, key)}")
+    if params.learning_rate * params.weight_decay > 1:
+        # AdamW multiplies each weight by (1 - lr * weight_decay): past 1 it flips signs and
+        # grows without bound.
+        raise FieldError(
+            "adam_params: learning_rate * weight_decay must be at most 1, got "
+            f"{params.learning_rate} * {params.weight_decay}"
+        )
     return params
