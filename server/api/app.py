@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -21,13 +20,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
 from server.api.auth import AuthError, KeyRing
-from server.api.http_body import BodyTooLarge, read_body
+from server.api.http_body import BodyTooLarge, MalformedBody, read_body
+from server.api.request_schemas import check_fields
 from server.engine.engine import UserError
 from server.engine.losses import LossError
 from server.protocol.codec import WireError, decode_forward_backward
 from server.protocol.futures import LONG_POLL_SECONDS, FutureRecord
 from server.protocol.json_values import json_safe
-from server.service.request_fields import RequestBody, integer
+from server.service.request_fields import RequestBody, integer, parse_json_object
 from server.service.service import (
     Backpressure,
     NotFound,
@@ -58,17 +58,26 @@ def _error(status: int, message: str, kind: str) -> JSONResponse:
     return JSONResponse({"error": message, "type": kind}, status_code=status)
 
 
+JSON_ON_LOOP_BYTES = 64 * 1024
+"""Bodies up to this size are parsed on the event loop; larger ones on a worker thread, so a
+50 MB body does not hold up every other client's long poll."""
+
+
 async def _json(request: Request) -> dict[str, Any]:
+    """The body as a JSON object whose fields the SDK's request model accepts."""
     raw = await read_body(request)
     if not raw:
         return RequestBody()
-    try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        raise WireError(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise WireError("request body must be a JSON object")
-    return RequestBody(value)
+    route = request.url.path.removeprefix("/api/v1")
+    if len(raw) <= JSON_ON_LOOP_BYTES:
+        return _typed_body(route, raw)
+    return await asyncio.to_thread(_typed_body, route, raw)
+
+
+def _typed_body(route: str, raw: bytes) -> RequestBody:
+    body = parse_json_object(raw)
+    check_fields(route, body)
+    return body
 
 
 def _page(request: Request, default_limit: int) -> tuple[int, int]:
@@ -148,7 +157,9 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
                     return response
                 except BodyTooLarge as exc:
                     return _error(413, str(exc), "payload_too_large")
-                except (UserError, LossError, CheckpointError, ExportError, WireError) as exc:
+                except (
+                    UserError, LossError, CheckpointError, ExportError, WireError, MalformedBody
+                ) as exc:
                     return _error(400, str(exc), "invalid_request")
                 except Exception as exc:  # noqa: BLE001 - never crash the server on a request
                     # Anything else is the server's fault, whatever its type (a ValueError

@@ -767,7 +767,8 @@ class Engine:
                 "not finite, e.g. logprobs far from the model's); the gradients were dropped and "
                 "the weights and optimizer state are unchanged"
             )
-        saved = _snapshot(state)
+        # AdamW skips tensors without a gradient: with none, nothing can move.
+        saved = _snapshot(state) if grads else None
         for group in state.optimizer.param_groups:
             group["lr"] = params.learning_rate
             group["betas"] = (params.beta1, params.beta2)
@@ -775,7 +776,7 @@ class Engine:
             group["weight_decay"] = params.weight_decay
         state.optimizer.step()
         state.optimizer.zero_grad(set_to_none=True)
-        if not _all_finite(tensors):
+        if saved is not None and not _all_finite(tensors):
             _restore(state, saved)
             raise UserError(
                 f"optim_step refused: learning_rate={params.learning_rate} and "

@@ -18,7 +18,12 @@ _PROTO_TO_NUMPY = {
     pb.DTYPE_INT32: np.dtype("<i4"),
 }
 _PAD_VALUES = {"target_prompt_logprobs": -1}
-MAX_TENSOR_ELEMENTS = 1 << 26
+MAX_TARGETS_PER_POSITION = 256
+"""The widest per-position loss input (2-D `target_tokens` and `weights` for distillation-style
+cross-entropy over several targets per position)."""
+MAX_REQUEST_ELEMENTS = 1 << 24
+"""Loss-input values one forward_backward request may declare in all (dense or sparse): 64 MiB
+of float32, checked before anything is allocated."""
 
 
 class WireError(ValueError):
@@ -62,14 +67,48 @@ def _frombuffer(buf: bytes, dtype: np.dtype, what: str) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype)
 
 
-def decode_tensor(msg: pb.Tensor, name: str) -> np.ndarray:
-    """A dense numpy array from a proto Tensor (dense or sparse CSR)."""
+def declared_shape(msg: pb.Tensor, label: str, positions: int) -> list[int]:
+    """A loss input's shape, checked against its datum before anything is allocated.
+
+    Every loss input has one row per model-input position (`positions`), and at most
+    `MAX_TARGETS_PER_POSITION` values per row; a sparse tensor's declared shape is held to the
+    same rule, so a small body can never densify into a large array.
+    """
+    shape = [int(s) for s in msg.shape]
+    if not shape:
+        return shape
+    if len(shape) > 2 or any(s < 0 for s in shape):
+        raise WireError(
+            f"{label}: shape {shape} is not [N] or [N, K] (N = positions)"
+        )
+    if shape[0] != positions:
+        raise WireError(
+            f"{label} has length {shape[0]}, but model_input has "
+            f"{positions} tokens"
+        )
+    if len(shape) == 2 and not 1 <= shape[1] <= MAX_TARGETS_PER_POSITION:
+        raise WireError(
+            f"{label}: {shape[1]} values per position; the limit is "
+            f"{MAX_TARGETS_PER_POSITION}"
+        )
+    return shape
+
+
+def decode_tensor(msg: pb.Tensor, name: str, positions: int | None = None) -> np.ndarray:
+    """A dense numpy array from a proto Tensor (dense or sparse CSR).
+
+    With `positions`, the declared shape is checked against the datum first (see
+    `declared_shape`); the dense size is only allocated once it is known to be bounded.
+    """
     dtype = _PROTO_TO_NUMPY.get(msg.dtype)
     if dtype is None:
         raise WireError(f"loss_fn_inputs[{name!r}]: unsupported dtype {msg.dtype}")
-    shape = [int(s) for s in msg.shape]
-    if any(s < 0 for s in shape) or int(np.prod(shape or [0])) > MAX_TENSOR_ELEMENTS:
-        raise WireError(f"loss_fn_inputs[{name!r}]: invalid shape {shape}")
+    if positions is not None:
+        shape = declared_shape(msg, f"loss_fn_inputs[{name!r}]", positions)
+    else:
+        shape = [int(s) for s in msg.shape]
+        if any(s < 0 for s in shape) or _elements(shape) > MAX_REQUEST_ELEMENTS:
+            raise WireError(f"loss_fn_inputs[{name!r}]: invalid shape {shape}")
     if msg.HasField("sparse_csr"):
         if len(shape) != 2:
             raise WireError(f"loss_fn_inputs[{name!r}]: sparse tensors must be 2-D")
@@ -94,9 +133,18 @@ def decode_tensor(msg: pb.Tensor, name: str) -> np.ndarray:
     flat = _frombuffer(msg.dense, dtype, name)
     if not shape:
         shape = [flat.size]
-    if int(np.prod(shape)) != flat.size:
+        if positions is not None:
+            declared_shape(pb.Tensor(shape=shape), f"loss_fn_inputs[{name!r}]", positions)
+    if _elements(shape) != flat.size:
         raise WireError(f"loss_fn_inputs[{name!r}]: {flat.size} values do not fill shape {shape}")
     return flat.reshape(shape).astype(dtype.newbyteorder("="))
+
+
+def _elements(shape: list[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
 
 
 def decode_tokens(datum: pb.Datum, index: int) -> np.ndarray:
@@ -149,9 +197,21 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
     if not msg.model_id:
         raise WireError("ForwardBackwardRequest.model_id is required")
     data = []
+    declared = 0
     for i, datum in enumerate(msg.data):
         tokens = decode_tokens(datum, i)
-        inputs = {name: decode_tensor(t, name) for name, t in datum.loss_fn_inputs.items()}
+        for name, tensor in datum.loss_fn_inputs.items():
+            label = f"data[{i}].loss_fn_inputs[{name!r}]"
+            shape = declared_shape(tensor, label, len(tokens)) or [len(tokens)]
+            declared += _elements(shape)
+        if declared > MAX_REQUEST_ELEMENTS:
+            raise WireError(
+                f"the request's loss inputs declare {declared} values in all; the limit is "
+                f"{MAX_REQUEST_ELEMENTS} (split the batch into several forward_backward calls)"
+            )
+        inputs = {
+            name: decode_tensor(t, name, len(tokens)) for name, t in datum.loss_fn_inputs.items()
+        }
         spans = None
         if len(datum.loss_fn_input_spans):
             spans = decode_spans(datum.loss_fn_input_spans, i, "loss_fn_input_spans")

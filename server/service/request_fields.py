@@ -8,7 +8,9 @@ ill-typed field is a 400 naming the field. So request parsing never relies on ba
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from typing import Any
 
 from server.engine.engine import UserError
@@ -16,6 +18,10 @@ from server.engine.engine import UserError
 
 class FieldError(UserError):
     """A request field is missing or has the wrong type."""
+
+
+DECIMAL = re.compile(r"\s*-?[0-9]+\s*")
+"""An integer as text: ASCII digits only (`str.isdigit` accepts superscripts `int` refuses)."""
 
 
 class RequestBody(dict):
@@ -33,7 +39,7 @@ def integer(value: Any, name: str) -> int:
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and DECIMAL.fullmatch(value):
         return int(value)
     raise FieldError(f"{name} must be an integer, got {value!r}")
 
@@ -55,3 +61,17 @@ def flag(value: Any, name: str) -> bool:
 
 def optional_integer(value: Any, name: str) -> int | None:
     return None if value is None else integer(value, name)
+
+
+def parse_json_object(raw: bytes) -> RequestBody:
+    """A request body as a JSON object, or `FieldError` saying why it is not one."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise FieldError("request body is nested too deeply to parse") from None
+    except ValueError as exc:
+        raise FieldError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise FieldError("request body must be a JSON object")
+    return RequestBody(value)
+
