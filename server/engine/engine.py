@@ -112,6 +112,9 @@ backward cost about 1 MiB per token on Gemma 3 270M, so a CPU box sharing its RA
 everything else gets small micro-batches; they are large enough to keep its cores busy."""
 DEFAULT_TOKENS_PER_MICROBATCH = 8192
 HEAD_CHUNK = 512
+TWO_D_INPUTS = frozenset({"target_tokens", "weights"})
+"""Loss inputs that may carry several values per position (cross-entropy over several
+targets); every other input is one value per position."""
 SHARE_PREFIXES_ENV = "AUTORESEARCH_SHARE_PREFIXES"
 DEVICE_SAMPLING_ENV = "AUTORESEARCH_DEVICE_SAMPLING"
 """Positions per output-head chunk (bounds the vocabulary-wide tensors: about 1 MiB per
@@ -233,7 +236,20 @@ class Engine:
         required = losses.REQUIRED_INPUTS[job.loss_fn]
         if not job.data:
             raise UserError("forward_backward needs at least one datum")
+        keys = set(job.data[0].inputs)
+        target_dims = job.data[0].inputs.get("target_tokens", np.zeros(0)).ndim
         for i, datum in enumerate(job.data):
+            if set(datum.inputs) != keys:
+                raise UserError(
+                    f"data[{i}] has loss_fn_inputs {sorted(datum.inputs)}, but data[0] has "
+                    f"{sorted(keys)}: every datum of one call needs the same inputs"
+                )
+            dims = datum.inputs.get("target_tokens", np.zeros(0)).ndim
+            if dims != target_dims:
+                raise UserError(
+                    f"data[{i}].target_tokens is {dims}-D but data[0]'s is {target_dims}-D: "
+                    "one call's targets are all 1-D or all 2-D"
+                )
             n = len(datum.tokens)
             if n == 0:
                 raise UserError(f"data[{i}]: empty model_input")
@@ -244,6 +260,11 @@ class Engine:
             if missing:
                 raise UserError(f"data[{i}]: loss {job.loss_fn!r} needs loss_fn_inputs {missing}")
             for name, arr in datum.inputs.items():
+                if arr.ndim not in (1, 2) or (arr.ndim == 2 and name not in TWO_D_INPUTS):
+                    raise UserError(
+                        f"data[{i}].loss_fn_inputs[{name!r}] is {arr.ndim}-D; only "
+                        f"{sorted(TWO_D_INPUTS)} may be 2-D, the rest are 1-D"
+                    )
                 if arr.shape[0] != n:
                     raise UserError(
                         f"data[{i}].loss_fn_inputs[{name!r}] has length {arr.shape[0]}, "

@@ -38,6 +38,12 @@ def _threshold(inputs: Inputs, config: Config, key: str, default: float) -> torc
     return _number(config, key, default)
 
 
+def _clip(ratio: torch.Tensor, low: torch.Tensor | float, high: torch.Tensor | float):
+    """`ratio` clamped to [low, high], where either bound may be per token or one number."""
+    as_tensor = lambda v: torch.as_tensor(v, dtype=ratio.dtype, device=ratio.device)  # noqa: E731
+    return torch.clamp(ratio, as_tensor(low), as_tensor(high))
+
+
 def cross_entropy(target_lp: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor:
     """`-(weights * logp).sum()`: linear in arbitrary real weights, negative ones too."""
     weights = inputs["weights"]
@@ -59,7 +65,7 @@ def ppo(target_lp: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tensor
     adv = inputs["advantages"]
     low = _threshold(inputs, config, "clip_low_threshold", 0.8)
     high = _threshold(inputs, config, "clip_high_threshold", 1.2)
-    clipped = torch.clamp(ratio, low, high)
+    clipped = _clip(ratio, low, high)
     return -torch.minimum(ratio * adv, clipped * adv).sum(-1)
 
 
@@ -67,7 +73,7 @@ def cispo(target_lp: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tens
     ratio = _ratio(target_lp, inputs)
     low = _threshold(inputs, config, "clip_low_threshold", 0.0)
     high = _threshold(inputs, config, "clip_high_threshold", 4.0)
-    weight = torch.clamp(ratio, low, high).detach()
+    weight = _clip(ratio, low, high).detach()
     return -(weight * target_lp * inputs["advantages"]).sum(-1)
 
 
@@ -88,8 +94,15 @@ def gspo(target_lp: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tenso
     """GSPO-token, as Tinker defines it: every token carries the sequence ratio's value (the
     geometric mean of the token ratios over `sequence_ratio_mask`) and its own log-probability's
     gradient, then PPO's clipped objective. A row whose mask is empty has a sequence ratio of 1.
-    Tinker states no default thresholds; like `ppo`, they default to 0.8 and 1.2."""
-    in_ratio = (inputs["sequence_ratio_mask"] != 0).to(target_lp.dtype)
+    Tinker states no default thresholds; like `ppo`, they default to 0.8 and 1.2.
+
+    Without `sequence_ratio_mask` (the cookbook's own `rl.train` never sends one) the sequence
+    is its sampled positions: those with a recorded logprob or an advantage (prompt positions
+    carry neither)."""
+    mask = inputs.get("sequence_ratio_mask")
+    if mask is None:
+        mask = (inputs["logprobs"] != 0) | (inputs["advantages"] != 0)
+    in_ratio = (mask != 0).to(target_lp.dtype)
     token_log_ratio = (target_lp.detach() - inputs["logprobs"]) * in_ratio
     count = in_ratio.sum(-1, keepdim=True)
     log_ratio = token_log_ratio.sum(-1, keepdim=True) / count.clamp(min=1)
@@ -97,7 +110,7 @@ def gspo(target_lp: torch.Tensor, inputs: Inputs, config: Config) -> torch.Tenso
     adv = inputs["advantages"]
     low = _threshold(inputs, config, "clip_low_threshold", 0.8)
     high = _threshold(inputs, config, "clip_high_threshold", 1.2)
-    clipped = torch.clamp(ratio, low, high)
+    clipped = _clip(ratio, low, high)
     return -torch.minimum(ratio * adv, clipped * adv).sum(-1)
 
 
@@ -149,7 +162,7 @@ REQUIRED_INPUTS: dict[str, tuple[str, ...]] = {
     "ppo": ("target_tokens", "logprobs", "advantages"),
     "cispo": ("target_tokens", "logprobs", "advantages"),
     "dro": ("target_tokens", "logprobs", "advantages"),
-    "gspo": ("target_tokens", "logprobs", "advantages", "sequence_ratio_mask"),
+    "gspo": ("target_tokens", "logprobs", "advantages"),
     "stable_reinforce": ("target_tokens", "advantages", RECORDED_LOGPROBS, RECORDED_MASK),
 }
 

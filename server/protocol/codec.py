@@ -59,6 +59,9 @@ class ForwardBackwardCall:
     loss_fn_config: dict[str, float | str]
     forward_only: bool
     data: list[Datum]
+    error: WireError | None = None
+    """Why the data could not be decoded, for a request whose run and `seq_id` could be: the
+    refusal still takes the request's place in the run's order."""
 
 
 def _frombuffer(buf: bytes, dtype: np.dtype, what: str) -> np.ndarray:
@@ -196,6 +199,23 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
         raise WireError(f"malformed ForwardBackwardRequest protobuf: {exc}") from None
     if not msg.model_id:
         raise WireError("ForwardBackwardRequest.model_id is required")
+    try:
+        data = _decode_data(msg)
+        error = None
+    except WireError as exc:
+        data, error = [], exc
+    return ForwardBackwardCall(
+        model_id=msg.model_id,
+        seq_id=int(msg.seq_id),
+        loss_fn=msg.loss_fn or "cross_entropy",
+        loss_fn_config=_loss_config(msg),
+        forward_only=bool(msg.forward_only),
+        data=data,
+        error=error,
+    )
+
+
+def _decode_data(msg: pb.ForwardBackwardRequest) -> list[Datum]:
     data = []
     declared = 0
     for i, datum in enumerate(msg.data):
@@ -216,14 +236,7 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardCall:
         if len(datum.loss_fn_input_spans):
             spans = decode_spans(datum.loss_fn_input_spans, i, "loss_fn_input_spans")
         data.append(Datum(tokens=tokens, inputs=inputs, loss_spans=spans))
-    return ForwardBackwardCall(
-        model_id=msg.model_id,
-        seq_id=int(msg.seq_id),
-        loss_fn=msg.loss_fn or "cross_entropy",
-        loss_fn_config=_loss_config(msg),
-        forward_only=bool(msg.forward_only),
-        data=data,
-    )
+    return data
 
 
 def _batched(arrays: list[np.ndarray], dtype: np.dtype, proto_dtype: int) -> pb.BatchedTensor:

@@ -20,7 +20,7 @@ from server.scheduling.scheduler import Scheduler, Work
 from server.service.errors import USER_ERRORS, Backpressure, NotFound, QuotaExceeded
 from server.service.lifecycle import SnapshotLedger
 from server.service.records import Limits, Run, Sampler, Session, str_metadata
-from server.service.request_fields import integer
+from server.service.request_fields import ttl_seconds
 from server.service.sampling_records import SamplingRecords
 from server.storage.adapter_cache import AdapterCache
 from server.storage.checkpoints import CheckpointError, CheckpointStore, TinkerPath, now_iso
@@ -235,7 +235,7 @@ class ServiceCore:
         meta: dict[str, Any] = {"user_metadata": str_metadata(body.get("user_metadata"))}
         ttl = body.get("ttl_seconds")
         if ttl is not None:
-            expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=integer(ttl, "ttl_seconds"))
+            expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=ttl_seconds(ttl))
             meta["expires_at"] = expires.isoformat()
         return meta
 

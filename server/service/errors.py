@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from server.engine.engine import UserError
 from server.engine.losses import LossError
+from server.protocol.codec import WireError
 from server.scheduling.scheduler import RunGone
 from server.storage.checkpoints import CheckpointError
 from server.storage.weight_export import ExportError
 
-USER_ERRORS = (UserError, LossError, CheckpointError, ExportError, RunGone)
+USER_ERRORS = (UserError, LossError, CheckpointError, ExportError, RunGone, WireError)
 """The client's fault (HTTP 400 / future category "user"); any other exception is a server
 fault (HTTP 500 / category "server"), logged with its traceback."""
 

@@ -11,6 +11,7 @@ from server.engine.engine import UserError
 from server.protocol.futures import FutureRecord
 from server.service.errors import NotFound
 from server.service.ordering import RunOrdering
+from server.service.request_fields import optional_integer
 from server.storage.checkpoints import TinkerPath, validate_name
 from server.storage.weight_export import (
     ExportError,
@@ -26,18 +27,20 @@ class WeightExports(RunOrdering):
     def save_weights_external(self, owner: str, body: dict[str, Any]) -> FutureRecord:
         """Export the run's adapter as it is (a PEFT adapter), for download over signed URLs."""
         run = self._run(owner, body["model_id"])
-        name = body.get("path")
-        if not name:
-            raise UserError("save_weights_external needs a name (path)")
-        validate_name(name)
-        path = TinkerPath(run.run_id, "external_weights", name)
-        recipients = body.get("age_encryption_recipients")
-        if recipients is not None and (
-            not isinstance(recipients, list) or not 1 <= len(recipients) <= 10
-        ):
-            raise UserError("age_encryption_recipients takes a list of 1 to 10 recipients")
+        seq_id = optional_integer(body.get("seq_id"), "seq_id")
+        with self._refusal_keeps_order(owner, run, seq_id, "save_weights_external"):
+            name = body.get("path")
+            if not name:
+                raise UserError("save_weights_external needs a name (path)")
+            validate_name(name)
+            path = TinkerPath(run.run_id, "external_weights", name)
+            recipients = body.get("age_encryption_recipients")
+            if recipients is not None and (
+                not isinstance(recipients, list) or not 1 <= len(recipients) <= 10
+            ):
+                raise UserError("age_encryption_recipients takes a list of 1 to 10 recipients")
+            meta = self._ttl_meta(body)
         prepare = None if not recipients else lambda d: encrypt_in_place(d, list(recipients))
-        meta = self._ttl_meta(body)
 
         def save() -> dict[str, Any]:
             state = self._require_state(run)
@@ -50,7 +53,7 @@ class WeightExports(RunOrdering):
                 "type": "save_weights_external",
             }
 
-        return self._ordered_action(owner, run, body.get("seq_id"), "save_weights_external", save)
+        return self._ordered_action(owner, run, seq_id, "save_weights_external", save)
 
     def external_weights_urls(
         self, owner: str, run_id: str, kind: str, name: str, base_url: str

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from server.protocol.futures import FutureRecord
 from server.scheduling.scheduler import Work
 from server.service.core import ServiceCore
-from server.service.errors import USER_ERRORS
+from server.service.errors import Backpressure
 from server.service.records import Run
 
 
@@ -37,7 +37,9 @@ class RunOrdering(ServiceCore):
         """
         try:
             yield
-        except USER_ERRORS as exc:
+        except Backpressure:
+            raise
+        except Exception as exc:  # a server fault too must not leave a hole in the order
             if seq_id is not None and self.scheduler.has_stream(run.run_id):
                 error = exc
 

@@ -75,3 +75,15 @@ def parse_json_object(raw: bytes) -> RequestBody:
         raise FieldError("request body must be a JSON object")
     return RequestBody(value)
 
+
+
+MAX_TTL_SECONDS = 10 * 365 * 24 * 3600
+"""Ten years: a TTL beyond it is refused rather than overflowing the date it sets."""
+
+
+def ttl_seconds(value: Any, name: str = "ttl_seconds") -> int:
+    """A time to live in whole seconds, at least 1 and at most `MAX_TTL_SECONDS`."""
+    seconds = integer(value, name)
+    if not 1 <= seconds <= MAX_TTL_SECONDS:
+        raise FieldError(f"{name} must be between 1 and {MAX_TTL_SECONDS} seconds, got {seconds}")
+    return seconds

@@ -8,7 +8,7 @@ from typing import Any
 from server.service.core import ServiceCore
 from server.service.errors import NotFound
 from server.service.records import str_metadata
-from server.service.request_fields import integer
+from server.service.request_fields import ttl_seconds
 
 
 class RestQueries(ServiceCore):
@@ -89,7 +89,7 @@ class RestQueries(ServiceCore):
         path = self._owned_path(owner, run_id, kind, name)
         expires = None
         if ttl is not None:
-            seconds = integer(ttl, "ttl_seconds")
+            seconds = ttl_seconds(ttl)
             expires = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)).isoformat()
         self.store.update_meta(path, expires_at=expires)
 

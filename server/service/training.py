@@ -105,8 +105,8 @@ class TrainingRequests(RunOrdering):
 
     def forward_backward(self, owner: str, call: ForwardBackwardCall) -> FutureRecord:
         run = self._run(owner, call.model_id)
-        invalid: BaseException | None = None
-        if call.loss_fn in NEEDS_SAMPLING_RECORD:
+        invalid: BaseException | None = call.error
+        if invalid is None and call.loss_fn in NEEDS_SAMPLING_RECORD:
             try:
                 self._attach_sampling_records(owner, call)
             except USER_ERRORS as exc:
@@ -122,7 +122,7 @@ class TrainingRequests(RunOrdering):
             try:
                 check_loss_config(call.loss_fn, call.loss_fn_config)
                 self.engine.validate(job)
-            except USER_ERRORS as exc:
+            except Exception as exc:  # noqa: BLE001 - any refusal keeps the request's place
                 invalid = exc
         kind = "forward" if call.forward_only else "forward_backward"
         tokens = sum(len(d.tokens) for d in job.data)

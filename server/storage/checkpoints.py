@@ -64,6 +64,7 @@ class TinkerPath:
                 f"checkpoint paths look like tinker://<run>/<kind>/<name>, got {path!r}"
             )
         run_id, kind, name = parts
+        validate_run_id(run_id)
         if kind not in KINDS:
             raise CheckpointError(f"unknown checkpoint kind {kind!r} in {path!r}")
         validate_name(name)
@@ -73,9 +74,33 @@ class TinkerPath:
         return f"tinker://{self.run_id}/{self.kind}/{self.name}"
 
 
+MAX_NAME_BYTES = 200
+"""Below every common file system's 255-byte limit on one path component, with room for the
+temporary suffix a write uses."""
+
+
 def validate_name(name: str) -> None:
-    if not name or "/" in name or name in (".", "..") or name.startswith(".") or len(name) > 200:
-        raise CheckpointError(f"invalid checkpoint name {name!r}")
+    """A checkpoint name that is one safe path component on every OS."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or "/" in name
+        or "\\" in name
+        or name in (".", "..")
+        or name.startswith(".")
+        or any(ord(c) < 32 or ord(c) == 127 for c in name)
+        or len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES
+    ):
+        raise CheckpointError(
+            f"invalid checkpoint name {name[:80]!r}: one path component of at most "
+            f"{MAX_NAME_BYTES} bytes, no control characters, not starting with '.'"
+        )
+
+
+def validate_run_id(run_id: str) -> None:
+    """A run id whose directory name fits one path component."""
+    if not run_id or len(run_dir_name(run_id).encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise CheckpointError(f"invalid run id {run_id[:80]!r}")
 
 
 def now_iso() -> str:

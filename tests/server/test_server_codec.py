@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tinker
@@ -86,12 +88,43 @@ def test_zstd_compressed_body_decodes_to_the_same_request():
         assert all(np.array_equal(a.inputs[k], b.inputs[k]) for k in a.inputs)
 
 
-def test_inconsistent_sparse_indices_are_a_wire_error():
+def test_inconsistent_sparse_indices_are_a_wire_error_that_keeps_the_seq_id():
     message = request_conv.forward_backward_request_to_proto(_request())
     tensor = message.data[1].loss_fn_inputs["target_tokens"]
     tensor.sparse_csr.col_indices = np.array([99] * 5, dtype="<i8").tobytes()  # out of range
-    with pytest.raises(WireError, match="sparse"):
-        decode_forward_backward(message.SerializeToString())
+    call = decode_forward_backward(message.SerializeToString())
+    assert isinstance(call.error, WireError) and "sparse" in str(call.error)
+    assert (call.model_id, call.seq_id, call.data) == ("sess-x:train:3", 17, [])
+
+
+@pytest.mark.parametrize(("shape", "why"), [
+    ([1, 1 << 26], "values per position"),   # 152 bytes that would densify to 512 MiB
+    ([1 << 23], "has length"),               # not one row per position
+    ([3, 2, 2], "is not \\[N\\]"),        # 3-D
+])
+def test_declared_shapes_are_checked_against_the_datum_before_any_allocation(shape, why):
+    message = request_conv.forward_backward_request_to_proto(_request())
+    datum = message.data[0]
+    tensor = datum.loss_fn_inputs["target_tokens"]
+    positions = len(decode_forward_backward(message.SerializeToString()).data[0].tokens)
+    shape = [positions if s == 1 and k == 0 and len(shape) == 2 else s
+             for k, s in enumerate(shape)]
+    del tensor.shape[:]
+    tensor.shape.extend(shape)
+    tensor.ClearField("dense")
+    tensor.sparse_csr.crow_indices = np.zeros(shape[0] + 1, dtype="<i8").tobytes()
+    call = decode_forward_backward(message.SerializeToString())
+    assert isinstance(call.error, WireError)
+    assert re.search(why, str(call.error)), call.error
+
+
+def test_the_sum_of_declared_loss_inputs_is_capped_per_request(monkeypatch):
+    import server.protocol.codec as codec
+
+    monkeypatch.setattr(codec, "MAX_REQUEST_ELEMENTS", 10)
+    message = request_conv.forward_backward_request_to_proto(_request())
+    call = decode_forward_backward(message.SerializeToString())
+    assert isinstance(call.error, WireError) and "in all" in str(call.error)
 
 
 def test_forward_backward_output_decodes_with_the_sdk():
