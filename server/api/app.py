@@ -27,7 +27,7 @@ from server.engine.losses import LossError
 from server.protocol.codec import WireError, decode_forward_backward
 from server.protocol.futures import LONG_POLL_SECONDS, FutureRecord
 from server.protocol.json_values import json_safe
-from server.service.request_fields import RequestBody, integer, parse_json_object
+from server.service.request_fields import FieldError, RequestBody, integer, parse_json_object
 from server.service.service import (
     Backpressure,
     NotFound,
@@ -259,7 +259,10 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
     @route("POST", "/sessions/{session_id}/finish")
     async def finish(request: Request, who: str):
         body = await _json(request)
-        reason = (body.get("reason") or {}).get("type", "success")
+        raw = body.get("reason") or {}
+        reason = raw.get("type", "success") if isinstance(raw, dict) else raw
+        if not isinstance(reason, str) or len(reason) > 64:
+            raise FieldError("reason.type must be a short string, e.g. 'success'")
         return await off(service.finish_session, who, request.path_params["session_id"], reason)
 
     @route("GET", "/sessions")
@@ -268,7 +271,7 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
 
     @route("POST", "/sessions/search")
     async def search_sessions(request: Request, who: str):
-        return service.search_sessions(who, await _json(request))
+        return await off(service.search_sessions, who, await _json(request))
 
     @route("GET", "/sessions/{session_id}")
     async def session(request: Request, who: str):
@@ -313,17 +316,20 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
     @route("POST", "/save_weights_external")
     async def save_weights_external(request: Request, who: str):
         body = await _json(request)
-        return _future(service.save_weights_external(who, body), model_id=body["model_id"])
+        record = await off(service.save_weights_external, who, body)
+        return _future(record, model_id=body["model_id"])
 
     @route("GET", "/training_runs/{run_id}/checkpoints/{kind}/{name}/external_weights_urls")
     async def external_weights_urls(request: Request, who: str):
-        return service.external_weights_urls(who, *_ckpt(request), str(request.base_url))
+        return await off(
+            service.external_weights_urls, who, *_ckpt(request), str(request.base_url)
+        )
 
     @route("GET", "/external_weights/{token}/{file}", authenticated=False)
     async def external_weights_file(request: Request):
         """A signed download link: the token is the authorisation (no API key header)."""
         p = request.path_params
-        path = service.external_weights_file(p["token"], p["file"])
+        path = await asyncio.to_thread(service.external_weights_file, p["token"], p["file"])
         return FileResponse(path, media_type="application/octet-stream", filename=p["file"])
 
     @route("POST", "/load_weights")

@@ -8,6 +8,7 @@ user data happens here too, because only the engine knows the vocabulary and the
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import os
@@ -90,6 +91,9 @@ class SampleJob:
     prompt_logprobs: bool = False
     topk_prompt_logprobs: int = 0
     topk_sample_logprobs: int = 0
+    first_sample: int = 0
+    """Index of this job's first sample within its request: a request wider than one decode
+    batch is decoded as several jobs, and each row keeps the random stream of its index."""
 
 
 @dataclass
@@ -106,6 +110,17 @@ class EngineStats:
 
 
 DEFAULT_MAX_TOKENS = 256
+MAX_NUM_SAMPLES = 1024
+MAX_DECODE_ROWS = 128
+"""Rows decoded together at most; a request for more samples is decoded in several batches."""
+MIN_TEMPERATURE = 1e-4
+"""Below this a temperature is greedy decoding: dividing logits by less overflows float32 and
+every logprob would be NaN."""
+MAX_TOPK_PROMPT_LOGPROBS = 1024
+MAX_TOPK_PROMPT_VALUES = 1 << 22
+"""`topk_prompt_logprobs` times prompt length: the ids and logprobs a result may hold (32 MiB)."""
+MAX_STOP_SEQUENCES = 32
+MAX_STOP_CHARS = 256
 TOKENS_PER_MICROBATCH = {"cpu": 2048}
 """Padded tokens per training micro-batch, by device type (default 8192). Activations kept for
 backward cost about 1 MiB per token on Gemma 3 270M, so a CPU box sharing its RAM with
@@ -810,22 +825,53 @@ class Engine:
 
     # -------------------------------------------------------------- sampling
     def validate_sample(self, job: SampleJob) -> None:
+        """Refuse what cannot be sampled and normalise what means something else: a top-k of 0
+        or past the vocabulary is no top-k, a temperature under `MIN_TEMPERATURE` is greedy."""
         if not job.prompt:
             raise UserError("the prompt is empty")
         self._check_vocab(np.asarray(job.prompt), "prompt")
-        if not 1 <= job.num_samples <= 1024:
-            raise UserError(f"num_samples must be between 1 and 1024, got {job.num_samples}")
+        if not 1 <= job.num_samples <= MAX_NUM_SAMPLES:
+            raise UserError(
+                f"num_samples must be between 1 and {MAX_NUM_SAMPLES}, got {job.num_samples}"
+            )
         p = job.params
         if p.max_tokens is not None and p.max_tokens < 0:
             raise UserError("max_tokens must not be negative")
         if p.temperature < 0 or not math.isfinite(p.temperature):
             raise UserError("temperature must be a finite number >= 0")
+        if p.temperature < MIN_TEMPERATURE:
+            p.temperature = 0.0
         if not 0 < p.top_p <= 1:
             raise UserError("top_p must be in (0, 1]")
+        if p.top_k <= 0 or p.top_k >= self.vocab_size:
+            p.top_k = -1
         if len(job.prompt) + self._max_new(job) > self.max_context:
             raise UserError(f"prompt plus max_tokens exceeds the context of {self.max_context}")
-        if isinstance(p.stop, list) and p.stop and isinstance(p.stop[0], int):
-            self._check_vocab(np.asarray(p.stop), "stop token")
+        top = job.topk_prompt_logprobs
+        if not 0 <= top <= MAX_TOPK_PROMPT_LOGPROBS:
+            raise UserError(
+                f"topk_prompt_logprobs must be between 0 and {MAX_TOPK_PROMPT_LOGPROBS}, got {top}"
+            )
+        if top * len(job.prompt) > MAX_TOPK_PROMPT_VALUES:
+            raise UserError(
+                f"topk_prompt_logprobs={top} on a {len(job.prompt)}-token prompt asks for "
+                f"{top * len(job.prompt)} values; the limit is {MAX_TOPK_PROMPT_VALUES}"
+            )
+        self._check_stop(p.stop)
+
+    def _check_stop(self, stop: list[str] | list[int] | None) -> None:
+        if stop is None:
+            return
+        if not isinstance(stop, list) or len(stop) > MAX_STOP_SEQUENCES:
+            raise UserError(f"stop takes at most {MAX_STOP_SEQUENCES} strings or token ids")
+        if all(isinstance(s, str) for s in stop):
+            if any(len(s) > MAX_STOP_CHARS for s in stop):
+                raise UserError(f"stop strings are at most {MAX_STOP_CHARS} characters")
+            return
+        if all(isinstance(s, int) and not isinstance(s, bool) for s in stop):
+            self._check_vocab(np.asarray(stop, dtype=np.int64), "stop token")
+            return
+        raise UserError("stop takes strings or token ids, not a mix or other values")
 
     @staticmethod
     def _max_new(job: SampleJob) -> int:
@@ -835,21 +881,39 @@ class Engine:
     def prompt_logprobs(
         self, adapter: AdapterWeights | None, prompt: list[int], topk: int = 0
     ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
-        """Logprob of each prompt token given its prefix (NaN at position 0), untempered."""
+        """Logprob of each prompt token given its prefix (NaN at position 0), untempered.
+
+        The body runs once; the vocabulary-wide head runs `HEAD_CHUNK` positions at a time, so
+        memory holds one chunk's logits whatever the prompt's length.
+        """
         tokens = torch.tensor([prompt], device=self.device)
-        with routing([RowGroup(adapter, 0, 1)]):
-            logits = self.model(input_ids=tokens, use_cache=False).logits[0].float()
-        logp = torch.log_softmax(logits[:-1], dim=-1)
-        picked = torch.gather(logp, -1, tokens[0, 1:, None])[:, 0]
-        values = np.concatenate([[np.nan], picked.cpu().numpy()]).astype(np.float32)
+        groups = [RowGroup(adapter, 0, 1)]
+        with routing(groups):
+            hidden = self._body(input_ids=tokens, use_cache=False).last_hidden_state[:, :-1]
+        picked, top_ids, top_lps = [], [], []
+        for first in range(0, hidden.shape[1], HEAD_CHUNK):
+            with routing(groups):  # `[1, chunk, H]`: the routing's rows are the batch's
+                logits = self._head(hidden[:, first : first + HEAD_CHUNK])[0].float()
+            if self._softcap:
+                logits = torch.tanh(logits / self._softcap) * self._softcap
+            logp = torch.log_softmax(logits, dim=-1)
+            targets = tokens[0, 1 + first : 1 + first + logp.shape[0], None]
+            picked.append(torch.gather(logp, -1, targets)[:, 0])
+            if topk > 0:
+                lp, ids = torch.topk(logp, min(topk, logp.shape[-1]), dim=-1)
+                top_lps.append(lp)
+                top_ids.append(ids)
+        values = np.concatenate(
+            [[np.nan], *(p.cpu().numpy() for p in picked)]
+        ).astype(np.float32)
         top = None
         if topk > 0:
-            lp, ids = torch.topk(logp, min(topk, logp.shape[-1]), dim=-1)
-            pad_ids = np.zeros((1, ids.shape[1]), dtype=np.int32)
-            pad_lp = np.full((1, ids.shape[1]), -99999.0, dtype=np.float32)
+            width = min(topk, self.vocab_size)
+            pad_ids = np.zeros((1, width), dtype=np.int32)
+            pad_lp = np.full((1, width), -99999.0, dtype=np.float32)
             top = (
-                np.concatenate([pad_ids, ids.cpu().numpy().astype(np.int32)]),
-                np.concatenate([pad_lp, lp.cpu().numpy().astype(np.float32)]),
+                np.concatenate([pad_ids, *(i.cpu().numpy().astype(np.int32) for i in top_ids)]),
+                np.concatenate([pad_lp, *(v.cpu().numpy().astype(np.float32) for v in top_lps)]),
             )
         return values, top
 
@@ -884,10 +948,10 @@ class Engine:
                 results[j].sequences = [
                     SampledSequence([], [], False) for _ in range(job.num_samples)
                 ]
-        if to_decode:
-            sequences = self._decode([job for _, job in to_decode])
-            for (j, _), seqs in zip(to_decode, sequences):
-                results[j].sequences = seqs
+        for batch in _decode_batches(to_decode, MAX_DECODE_ROWS):
+            sequences = self._decode([job for _, job in batch])
+            for (j, _), seqs in zip(batch, sequences):
+                results[j].sequences.extend(seqs)
         self.stats.busy_seconds += time.perf_counter() - started
         self.stats.sample_batches += 1
         return results
@@ -947,7 +1011,9 @@ class Engine:
         on_host = not self.device_sampling
         if on_host:
             generators = host_decoding.row_generators(
-                [job.params.seed for job in jobs], [job.num_samples for job in jobs]
+                [job.params.seed for job in jobs],
+                [job.num_samples for job in jobs],
+                [job.first_sample for job in jobs],
             )
         max_new = [self._max_new(job) for job in jobs]
         out_tokens: list[list[int]] = [[] for _ in range(rows)]
@@ -1041,7 +1107,7 @@ class Engine:
             p = job.params
             seed = p.seed
             base = int(torch.randint(0, 2**62, ())) if seed is None else int(seed)
-            for k in range(job.num_samples):
+            for k in range(job.first_sample, job.first_sample + job.num_samples):
                 temperatures.append(float(p.temperature))
                 top_ks.append(int(p.top_k) if p.top_k and p.top_k > 0 else 0)
                 top_ps.append(float(p.top_p))
@@ -1065,6 +1131,29 @@ class Engine:
         if not self.device_sampling:
             return host_decoding.text_stop_rule(strings, self.tokenizer.decode)
         return decoding.StopStrings(strings, self._pieces, self.tokenizer.decode).hit
+
+
+def _decode_batches(
+    jobs: list[tuple[int, SampleJob]], max_rows: int
+) -> list[list[tuple[int, SampleJob]]]:
+    """Jobs in decode batches of at most `max_rows` rows; a wider job is cut into parts that
+    keep its seed (a fresh one drawn here when it had none) and their samples' indices."""
+    batches: list[list[tuple[int, SampleJob]]] = [[]]
+    rows = 0
+    for j, job in jobs:
+        if job.num_samples > max_rows and job.params.seed is None:
+            job.params.seed = int(torch.randint(0, 2**62, ()))
+        for first in range(0, job.num_samples, max_rows):
+            count = min(max_rows, job.num_samples - first)
+            part = job if count == job.num_samples else dataclasses.replace(
+                job, num_samples=count, first_sample=job.first_sample + first
+            )
+            if batches[-1] and rows + count > max_rows:
+                batches.append([])
+                rows = 0
+            batches[-1].append((j, part))
+            rows += count
+    return [batch for batch in batches if batch]
 
 
 def _routed_adapter(job: ForwardBackwardJob) -> AdapterWeights:

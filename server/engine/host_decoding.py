@@ -13,12 +13,15 @@ from collections.abc import Callable, Sequence
 import torch
 
 
-def row_generators(seeds: Sequence[int | None], counts: Sequence[int]) -> list[torch.Generator]:
-    """One random stream per sampled row, from its job's seed (or a fresh one) and its index."""
+def row_generators(
+    seeds: Sequence[int | None], counts: Sequence[int], firsts: Sequence[int] | None = None
+) -> list[torch.Generator]:
+    """One random stream per sampled row, from its job's seed (or a fresh one) and its index
+    (counted from the job's `first` sample)."""
     generators = []
-    for seed, count in zip(seeds, counts):
+    for seed, count, first in zip(seeds, counts, firsts or [0] * len(counts)):
         base = int(torch.randint(0, 2**62, ())) if seed is None else int(seed)
-        for k in range(count):
+        for k in range(first, first + count):
             generators.append(torch.Generator().manual_seed((base * 1_000_003 + k) % 2**63))
     return generators
 

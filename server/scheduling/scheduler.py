@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from server.engine.engine import Engine, ForwardBackwardJob, SampleJob
+from server.engine.engine import Engine, ForwardBackwardJob, SampleJob, UserError
 from server.observability.metrics import ServerMetrics
 from server.scheduling.gradient_commit import all_or_nothing
 
@@ -59,6 +59,16 @@ class RunStream:
 
 class RunGone(LookupError):
     """The run was deleted while this request waited."""
+
+
+MAX_SEQ_AHEAD = 4096
+"""How far past a run's next `seq_id` a request may arrive. The SDK pipelines a handful of
+requests; one thousands ahead would be held (with its data) until the gap fills, which may be
+never."""
+
+
+class TooFarAhead(UserError):
+    """A `seq_id` so far ahead of the run's order that it would wait indefinitely."""
 
 
 class Scheduler:
@@ -154,6 +164,11 @@ class Scheduler:
                 raise RunGone(f"unknown training run {work.run_id}")
             if work.seq_id < stream.next_seq or work.seq_id in stream.pending:
                 return False
+            if work.seq_id > stream.next_seq + MAX_SEQ_AHEAD:
+                raise TooFarAhead(
+                    f"seq_id {work.seq_id} is more than {MAX_SEQ_AHEAD} ahead of run "
+                    f"{work.run_id}'s next request ({stream.next_seq})"
+                )
             stream.pending[work.seq_id] = work
             self._enqueued(work)
             self._cond.notify()

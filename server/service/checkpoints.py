@@ -11,7 +11,7 @@ from server.protocol.futures import FutureRecord
 from server.scheduling.scheduler import Work
 from server.service.ordering import RunOrdering
 from server.service.records import Run, Sampler
-from server.service.request_fields import flag, integer, optional_integer
+from server.service.request_fields import flag, integer, metadata, optional_integer
 from server.storage.checkpoints import TinkerPath, now_iso, validate_name
 
 
@@ -125,8 +125,8 @@ class CheckpointRequests(RunOrdering):
         if run_id in self.runs:
             raise UserError(f"model_seq_id {body['model_seq_id']} was already used in this session")
         source_meta = self.store.read_run(path.run_id) or {}
-        user_metadata = body.get("user_metadata") or source_meta.get("user_metadata") or {}
-        run = Run(run_id, owner, self.base_model, LoraSpec(rank=1), dict(user_metadata))
+        user_metadata = metadata(body.get("user_metadata")) or source_meta.get("user_metadata")
+        run = Run(run_id, owner, self.base_model, LoraSpec(rank=1), dict(user_metadata or {}))
         self.runs[run_id] = run
         session.run_ids.append(run_id)
         self.scheduler.open_stream(run_id)

@@ -20,7 +20,7 @@ from server.scheduling.scheduler import Scheduler, Work
 from server.service.errors import USER_ERRORS, Backpressure, NotFound, QuotaExceeded
 from server.service.lifecycle import SnapshotLedger
 from server.service.records import Limits, Run, Sampler, Session, str_metadata
-from server.service.request_fields import ttl_seconds
+from server.service.request_fields import metadata, ttl_seconds
 from server.service.sampling_records import SamplingRecords
 from server.storage.adapter_cache import AdapterCache
 from server.storage.checkpoints import CheckpointError, CheckpointStore, TinkerPath, now_iso
@@ -89,15 +89,15 @@ class ServiceCore:
         self._last_sweep = time.monotonic()
 
     def _session(self, owner: str, session_id: str) -> Session:
-        session = self.sessions.get(session_id)
+        session = self.sessions.get(session_id) if isinstance(session_id, str) else None
         if session is None or session.owner != owner:
-            raise NotFound(f"unknown session {session_id!r}")
+            raise NotFound(f"unknown session {str(session_id)[:80]!r}")
         return session
 
     def _run(self, owner: str, run_id: str) -> Run:
-        run = self.runs.get(run_id)
+        run = self.runs.get(run_id) if isinstance(run_id, str) else None
         if run is None or run.owner != owner:
-            raise NotFound(f"unknown training run {run_id!r}")
+            raise NotFound(f"unknown training run {str(run_id)[:80]!r}")
         run.last_request = now_iso()
         self._seen(run_id)
         return run
@@ -232,7 +232,10 @@ class ServiceCore:
         return self._state(run)
 
     def _ttl_meta(self, body: dict[str, Any]) -> dict[str, Any]:
-        meta: dict[str, Any] = {"user_metadata": str_metadata(body.get("user_metadata"))}
+        raw = body.get("user_metadata")
+        meta: dict[str, Any] = {
+            "user_metadata": None if raw is None else str_metadata(metadata(raw))
+        }
         ttl = body.get("ttl_seconds")
         if ttl is not None:
             expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=ttl_seconds(ttl))

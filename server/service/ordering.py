@@ -6,6 +6,7 @@ import collections
 import contextlib
 from collections.abc import Iterator
 
+from server.engine.engine import UserError
 from server.protocol.futures import FutureRecord
 from server.scheduling.scheduler import Work
 from server.service.core import ServiceCore
@@ -82,7 +83,12 @@ class RunOrdering(ServiceCore):
         if seq_id is None:
             self.scheduler.submit_control(work)
             return record
-        if not self.scheduler.submit_ordered(work):
+        try:
+            accepted = self.scheduler.submit_ordered(work)
+        except UserError as exc:
+            self.futures.fail(record, str(exc))
+            raise
+        if not accepted:
             self.futures.fail(record, f"seq_id {seq_id} was already used for {run.run_id}")
             return record
         self._dedup[(run.run_id, seq_id)] = record

@@ -87,3 +87,42 @@ def ttl_seconds(value: Any, name: str = "ttl_seconds") -> int:
     if not 1 <= seconds <= MAX_TTL_SECONDS:
         raise FieldError(f"{name} must be between 1 and {MAX_TTL_SECONDS} seconds, got {seconds}")
     return seconds
+
+
+MAX_METADATA_BYTES = 16 * 1024
+"""User metadata (a session's, a run's, a checkpoint's) is kept for the server's lifetime and
+written beside checkpoints: far more than any label needs, far less than a body can carry."""
+MAX_TEXT_CHARS = 256
+MAX_TAGS = 64
+
+
+def metadata(value: Any, name: str = "user_metadata") -> dict[str, Any]:
+    """A user-metadata object of at most `MAX_METADATA_BYTES` as JSON."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise FieldError(f"{name} must be an object, got {type(value).__name__}")
+    size = len(json.dumps(value, default=str))
+    if size > MAX_METADATA_BYTES:
+        raise FieldError(f"{name} is {size} bytes as JSON; the limit is {MAX_METADATA_BYTES}")
+    return dict(value)
+
+
+def short_text(value: Any, name: str) -> str | None:
+    """An optional label of at most `MAX_TEXT_CHARS` characters."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise FieldError(f"{name} must be a string, got {type(value).__name__}")
+    if len(value) > MAX_TEXT_CHARS:
+        raise FieldError(f"{name} has {len(value)} characters; the limit is {MAX_TEXT_CHARS}")
+    return value
+
+
+def tags(value: Any, name: str = "tags") -> list[str]:
+    """At most `MAX_TAGS` short string labels."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > MAX_TAGS:
+        raise FieldError(f"{name} must be a list of at most {MAX_TAGS} strings")
+    return [short_text(tag, f"{name}[{i}]") or "" for i, tag in enumerate(value)]

@@ -46,6 +46,8 @@ class SamplingRequests(ServiceCore):
         return answer
 
     def _lookup_sampler(self, owner: str, sampler_id: str) -> Sampler:
+        if not isinstance(sampler_id, str):
+            raise NotFound(f"unknown sampling session {str(sampler_id)[:80]!r}")
         sampler = self.samplers.get(sampler_id)
         if sampler is None or sampler.owner != owner:
             reason = self.snapshots.why_freed(sampler_id)

@@ -11,6 +11,7 @@ from server.service import session_search
 from server.service.core import ServiceCore
 from server.service.errors import SessionGone
 from server.service.records import Session, str_metadata
+from server.service.request_fields import metadata, short_text, tags
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,9 @@ class SessionRequests(ServiceCore):
         self.sessions[session_id] = Session(
             session_id,
             owner,
-            list(body.get("tags") or []),
-            dict(body.get("user_metadata") or {}),
-            display_name=body.get("display_name"),
+            tags(body.get("tags")),
+            metadata(body.get("user_metadata")),
+            display_name=short_text(body.get("display_name"), "display_name"),
         )
         return {"session_id": session_id, "type": "create_session"}
 

@@ -18,7 +18,7 @@ from server.service.errors import USER_ERRORS
 from server.service.optim_params import parse_adam_params
 from server.service.ordering import RunOrdering
 from server.service.records import Run
-from server.service.request_fields import flag, integer, optional_integer
+from server.service.request_fields import flag, integer, metadata, optional_integer
 from server.service.sampling_records import session_of
 
 
@@ -43,7 +43,7 @@ class TrainingRequests(RunOrdering):
         run_id = f"{session.session_id}:train:{integer(body['model_seq_id'], 'model_seq_id')}"
         if run_id in self.runs:
             raise UserError(f"model_seq_id {body['model_seq_id']} was already used in this session")
-        run = Run(run_id, owner, self.base_model, spec, dict(body.get("user_metadata") or {}))
+        run = Run(run_id, owner, self.base_model, spec, metadata(body.get("user_metadata")))
         self.runs[run_id] = run
         session.run_ids.append(run_id)
         self.scheduler.open_stream(run_id)
@@ -125,7 +125,7 @@ class TrainingRequests(RunOrdering):
             except Exception as exc:  # noqa: BLE001 - any refusal keeps the request's place
                 invalid = exc
         kind = "forward" if call.forward_only else "forward_backward"
-        tokens = sum(len(d.tokens) for d in job.data)
+        tokens = _work_units(job.data)
         # The request a run's stream waits on is always admitted: the SDK sends a batch's later
         # chunks first, and refusing the first one while they hold the quota would deadlock.
         if not self.scheduler.is_next(run.run_id, call.seq_id):
@@ -185,6 +185,15 @@ class _LazyState:
 
     def __getattr__(self, name: str):
         return getattr(self._service._state(self._run), name)
+
+
+def _work_units(data: list) -> int:
+    """What a forward_backward costs against a key's queue quota: positions times the widest
+    per-position input (2-D targets cost their width), at least the tokens."""
+    return sum(
+        len(d.tokens) * max([1, *(a.shape[1] for a in d.inputs.values() if a.ndim == 2)])
+        for d in data
+    )
 
 
 def _encode_fb(result: ForwardBackwardResult) -> bytes:
