@@ -80,12 +80,17 @@ def _typed_body(route: str, raw: bytes) -> RequestBody:
     return body
 
 
+MAX_PAGE = 1000
+
+
 def _page(request: Request, default_limit: int) -> tuple[int, int]:
+    """`?limit=&offset=`: non-negative integers; a limit past `MAX_PAGE` lists `MAX_PAGE`."""
     q = request.query_params
-    return (
-        integer(q.get("limit", default_limit), "limit"),
-        integer(q.get("offset", 0), "offset"),
-    )
+    limit = integer(q.get("limit", default_limit), "limit")
+    offset = integer(q.get("offset", 0), "offset")
+    if limit < 0 or offset < 0:
+        raise FieldError(f"limit and offset must not be negative, got {limit} and {offset}")
+    return min(limit, MAX_PAGE), offset
 
 
 def _future(record: FutureRecord, **extra: Any) -> dict[str, Any]:
