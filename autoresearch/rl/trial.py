@@ -110,16 +110,19 @@ def behaviour_logprobs(
     prompts: list[list[int]],
     groups: list[list[Any]],
     temperature: float,
+    top_p: float = 1.0,
 ) -> list[list[list[float]]]:
     """Per sample, the logprobs of its tokens under the sampling weights at temperature 1.
 
-    The sampler reports log_softmax(logits / T) of the tokens it drew, while the trainer scores
-    at T = 1. Importance ratios, PPO's clip, the KL penalty and the sampler-trainer KL must
-    compare one distribution, so the old-policy logprobs are the T = 1 ones: equal to what the
-    sampler reported when T = 1, recomputed (one scoring pass per sample, all submitted at
-    once) otherwise. The temperature then only shapes which samples are drawn (exploration).
+    The sampler reports each drawn token's logprob under the distribution it was drawn from
+    (tempered, and renormalised over the tokens a top-p filter kept), while the trainer scores
+    the unfiltered T = 1 distribution. Importance ratios, PPO's clip, the KL penalty and the
+    sampler-trainer KL must compare one distribution, so the old-policy logprobs are the T = 1
+    ones: what the sampler reported when T = 1 with no filter, recomputed (one scoring pass per
+    sample, all submitted at once) otherwise. Temperature and top-p then only shape which
+    samples are drawn (exploration).
     """
-    if temperature == 1.0:
+    if temperature == 1.0 and top_p >= 1.0:
         return [[[float(x) for x in seq.logprobs] for seq in group] for group in groups]
     futures = [
         [
@@ -411,7 +414,7 @@ class Trial:
         scores: list[list[ScoreResult]] = [[f.result() for f in fs] for fs in score_futures]
         timings["score_wait_s"] = time.time() - t1
         t_behaviour = time.time()
-        behaviour = behaviour_logprobs(sampler, prompts, groups, rl.temperature)
+        behaviour = behaviour_logprobs(sampler, prompts, groups, rl.temperature, rl.top_p)
         timings["behaviour_s"] = time.time() - t_behaviour
         used = [
             not (rl.drop_constant_groups and is_constant([r.total for r in results]))

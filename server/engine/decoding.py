@@ -103,9 +103,10 @@ def choose(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's next token and its logprob, on the logits' device.
 
-    Temperature 0 is greedy, with the untempered logprob. Otherwise logprobs are under the
-    tempered distribution (before top-k/top-p, as the hosted service reports them) and the token
-    is an inverse-CDF draw from the tempered, filtered distribution with the row's uniform.
+    Temperature 0 is greedy, with the untempered logprob. Otherwise the token is an inverse-CDF
+    draw from the tempered, filtered distribution with the row's uniform, and its logprob is
+    under that same distribution (renormalised over the tokens top-k/top-p kept), as vLLM's
+    `processed_logprobs` reports it: the q an importance ratio needs, equal across backends.
     """
     logits = logits.float()
     vocab = logits.shape[-1]
@@ -115,7 +116,6 @@ def choose(
         return picks, torch.log_softmax(logits, -1).gather(-1, picks[:, None])[:, 0]
     scale = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
     scaled = logits / scale[:, None]
-    logp = torch.log_softmax(scaled, -1)
     filtered = scaled
     if params.k_max > 0:
         k_max = min(params.k_max, vocab)
@@ -135,7 +135,11 @@ def choose(
     target = uniforms(params.keys, step).to(cdf.device) * cdf[:, -1]
     drawn = torch.searchsorted(cdf, target[:, None], right=True)[:, 0].clamp_(max=vocab - 1)
     picks = torch.where(greedy, logits.argmax(-1), drawn)
-    return picks, logp.gather(-1, picks[:, None])[:, 0]
+    drawn_lp = torch.log_softmax(filtered, -1).gather(-1, picks[:, None])[:, 0]
+    if params.k_max > 0 or params.nucleus:  # a greedy row's own logprob is unfiltered
+        plain = torch.log_softmax(logits, -1).gather(-1, picks[:, None])[:, 0]
+        drawn_lp = torch.where(greedy, plain, drawn_lp)
+    return picks, drawn_lp
 
 
 class TokenPieces:

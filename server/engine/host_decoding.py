@@ -44,7 +44,6 @@ def choose(
             picks = block.argmax(-1)
         else:
             scaled = block / temperature
-            logp = torch.log_softmax(scaled, -1)
             filtered = scaled
             if top_k and 0 < top_k < filtered.shape[-1]:
                 kth = torch.topk(filtered, top_k, dim=-1).values[:, -1:]
@@ -55,6 +54,7 @@ def choose(
                 drop = probs.cumsum(-1) - probs > top_p
                 sorted_logits = sorted_logits.masked_fill(drop, -math.inf)
                 filtered = torch.full_like(filtered, -math.inf).scatter(-1, order, sorted_logits)
+            logp = torch.log_softmax(filtered, -1)  # the distribution drawn from
             cdf = torch.softmax(filtered, -1).cumsum(-1)
             uniform = torch.tensor(
                 [

@@ -1,18 +1,19 @@
 """Which logprobs the inference server reports, measured on the server itself at start-up.
 
-Tinker, and the torch sampler here, report each sampled token's logprob under the distribution it
-was drawn from, `log_softmax(logits / T)`. vLLM's V1 engine by default reports the raw model's
-`log_softmax(logits)` whatever the temperature (engine argument `--logprobs-mode`, default
-`raw_logprobs`); an RL loss fed those would compute importance ratios against the wrong sampling
-distribution. vLLM (0.10 series onward) reports tempered logprobs when started with
-`--logprobs-mode processed_logprobs`: the values after penalties, temperature and top-k/top-p,
-renormalised (vllm/v1/sample/sampler.py and ops/topk_topp_sampler.py).
+Tinker, and the torch sampler here, report each sampled token's logprob under the distribution
+it was drawn from: `log_softmax(logits / T)`, renormalised over what top-k/top-p kept. vLLM's V1
+engine by default reports the raw model's `log_softmax(logits)` whatever the temperature
+(engine argument `--logprobs-mode`, default `raw_logprobs`); an RL loss fed those would
+compute importance ratios against the wrong sampling distribution. vLLM (0.10 series onward)
+reports tempered logprobs when started with `--logprobs-mode processed_logprobs`: the values
+after penalties, temperature and top-k/top-p, renormalised (vllm/v1/sample/sampler.py and
+ops/topk_topp_sampler.py).
 
 Two consequences the sampler accounts for:
 
 - With `top_p < 1` or `top_k > 0`, processed logprobs are renormalised over the tokens kept by
-  the filter, which is the distribution really sampled from; the torch sampler reports them
-  under the unfiltered tempered distribution. With neither filter (what RL uses) both agree.
+  the filter, which is the distribution really sampled from; the torch sampler reports the same
+  (`server.engine.decoding.choose`), so both backends give one definition.
 - Prompt logprobs are computed from raw logits in the vLLM releases seen so far (they ignore
   temperature). The probe measures this too; should a server temper them, the sampler fetches
   prompt logprobs with a separate temperature-1 request.
