@@ -160,6 +160,8 @@ def main() -> None:
 
     attempt("rl.train.main (sync, importance_sampling)",
             lambda: rl_run("rl-sync", loss_fn="importance_sampling"))
+    attempt("rl.train.main (sync, gspo without sequence_ratio_mask)",
+            lambda: rl_run("rl-gspo", loss_fn="gspo"))
     async_result = attempt(
         "rl.train.main (AsyncConfig, default loss stable_reinforce)",
         lambda: rl_run("rl-async", async_config=rl_train.AsyncConfig(

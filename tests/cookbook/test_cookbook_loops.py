@@ -3,7 +3,7 @@
 The cookbook runs in its own process, as on a client machine: an empty Hugging Face cache with
 HF_HUB_OFFLINE=1 (the tokenizer comes from the server through `autoresearch-install-tokenizer`), the
 key and URL from the environment. It covers `supervised.train` with checkpoints and a resume,
-sync `rl.train` with importance_sampling, `rl.train` with `AsyncConfig` and its default loss
+sync `rl.train` with importance_sampling and with gspo, `rl.train` with `AsyncConfig` and its default loss
 (stable_reinforce), and `weights.download` of the result loaded with `peft`.
 """
 
@@ -85,6 +85,10 @@ def test_supervised_train_checkpoints_and_resumes(entries):
 
 def test_rl_train_sync_importance_sampling(entries):
     assert _ok(entries, "rl.train.main (sync, importance_sampling)")["checkpoints"]
+
+
+def test_rl_train_sync_gspo_with_the_default_sequence_mask(entries):
+    assert _ok(entries, "rl.train.main (sync, gspo without sequence_ratio_mask)")["checkpoints"]
 
 
 def test_rl_train_async_with_default_stable_reinforce(entries):
