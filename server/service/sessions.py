@@ -23,6 +23,7 @@ class SessionRequests(ServiceCore):
         busy = {rid for rid, depth in self.scheduler.queue_depths().items() if depth}
         self.residency.evict_idle(busy)
         self._expire_sessions()
+        self._spill_ended_runs(busy)
         self._expire_snapshots()
         if time.monotonic() - self._last_sweep >= self.policy.checkpoint_sweep_seconds:
             self._last_sweep = time.monotonic()
@@ -42,8 +43,33 @@ class SessionRequests(ServiceCore):
                 session.ended_at is not None
                 and now - session.ended_at > self.policy.ended_session_retention_seconds
             ):
+                for run_id in list(session.run_ids):
+                    self._free_run(run_id, f"its session {session.session_id} ended")
                 with self._lock:
                     self.sessions.pop(session.session_id, None)
+
+    def _spill_ended_runs(self, busy: set[str]) -> None:
+        """An ended session's runs leave memory at once (adapter and AdamW state to a spill
+        file, from which a request still reloads them) and are freed after the retention."""
+        for session in list(self.sessions.values()):
+            if session.ended_at is None:
+                continue
+            for run_id in session.run_ids:
+                run = self.runs.get(run_id)
+                if run is not None and run.state is not None and run_id not in busy:
+                    self.residency.evict(run)
+
+    def _free_run(self, run_id: str, reason: str) -> None:
+        """Forget a run entirely (its checkpoints and run record on disk stay): its stream,
+        dedup records, resident state and spill file. Runs on the engine thread."""
+        run = self.runs.pop(run_id, None)
+        if run is None:
+            return
+        self.scheduler.close_stream(run_id, f"training run {run_id} was freed because {reason}")
+        for seq_id in self._dedup_order.pop(run_id, ()):
+            self._dedup.pop((run_id, seq_id), None)
+        self.residency.forget(run)
+        log.info("freed run %s: %s", run_id, reason)
 
     def _end_session(self, session: Session, reason: str) -> None:
         """An ended session's samplers go (snapshots and all); its runs and checkpoints stay."""

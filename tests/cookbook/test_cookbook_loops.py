@@ -3,8 +3,8 @@
 The cookbook runs in its own process, as on a client machine: an empty Hugging Face cache with
 HF_HUB_OFFLINE=1 (the tokenizer comes from the server through `autoresearch-install-tokenizer`), the
 key and URL from the environment. It covers `supervised.train` with checkpoints and a resume,
-sync `rl.train` with importance_sampling and with gspo, `rl.train` with `AsyncConfig` and its default loss
-(stable_reinforce), and `weights.download` of the result loaded with `peft`.
+sync `rl.train` with importance_sampling and with gspo, `rl.train` with `AsyncConfig` and its
+default loss (stable_reinforce), and `weights.download` of the result loaded with `peft`.
 """
 
 from __future__ import annotations

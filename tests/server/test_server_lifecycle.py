@@ -170,3 +170,33 @@ def test_a_checkpoint_past_its_ttl_is_swept(server, svc, base_model):
     past = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)).isoformat()
     server.service.store.update_meta(path, expires_at=past)
     wait_until(lambda: not server.service.store.checkpoint_dir(path).exists())
+
+
+def test_runs_of_an_ended_session_are_spilled_then_freed(tiny_model_dir, tmp_path, sequences):
+    policy = LifecyclePolicy(ended_session_retention_seconds=1.5, session_timeout_seconds=3600)
+    server = start_server(tiny_model_dir, tmp_path / "data", limits=Limits(lifecycle=policy))
+    try:
+        service = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+        run = new_run(service, str(tiny_model_dir), seed=5)
+        run.forward_backward([sft_datum(sequences[0])], "cross_entropy").result(TIMEOUT)
+        run.optim_step(types.AdamParams(learning_rate=1e-3)).result(TIMEOUT)
+        saved = run.save_state("kept").result(TIMEOUT).path
+        record = server.service.runs[run.model_id]
+        service.close("success").result(TIMEOUT)
+
+        wait_until(lambda: record.state is None and record.spill_path is not None)
+        spill = record.spill_path
+        assert spill.exists()
+        wait_until(lambda: run.model_id not in server.service.runs)
+        assert not spill.exists()
+        assert run.model_id not in server.service.scheduler.queue_depths()
+        assert not [k for k in server.service._dedup if k[0] == run.model_id]
+        # What the user saved stays, and still loads into a new run.
+        with tinker.ServiceClient(base_url=server.url, api_key=API_KEY) as again:
+            restored = again.create_training_client_from_state(saved)
+            assert restored.get_info().model_id != run.model_id
+        listed = httpx.get(f"{server.url}/api/v1/training_runs", headers={"X-API-Key": API_KEY},
+                           timeout=TIMEOUT).json()
+        assert run.model_id in [r["training_run_id"] for r in listed["training_runs"]]
+    finally:
+        server.stop()
