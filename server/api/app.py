@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
 from server.api.auth import AuthError, KeyRing
-from server.api.http_body import BodyTooLarge, MalformedBody, read_body
+from server.api.http_body import BodyTooLarge, BodyTooSlow, MalformedBody, read_body
 from server.api.request_schemas import check_fields
 from server.engine.engine import UserError
 from server.engine.losses import LossError
@@ -162,6 +162,8 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
                     return response
                 except BodyTooLarge as exc:
                     return _error(413, str(exc), "payload_too_large")
+                except BodyTooSlow as exc:
+                    return _error(408, str(exc), "request_timeout")
                 except (
                     UserError, LossError, CheckpointError, ExportError, WireError, MalformedBody
                 ) as exc:

@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from server.api.auth import AuthError, KeyRing
-from server.api.http_body import BodyTooLarge, read_body
+from server.api.http_body import BodyTooLarge, BodyTooSlow, read_body
 from server.distributed.store import (
     ENQUEUE_ONCE,
     REPLY_TTL_SECONDS,
@@ -152,7 +152,7 @@ def create_gateway_app(client: aioredis.Redis, keys: KeyRing, prefix: str = "ar"
             body = json.loads(await read_body(request) or b"{}")
         except AuthError as exc:
             return _error(401, str(exc), "authentication_error")
-        except (ValueError, BodyTooLarge) as exc:
+        except (ValueError, BodyTooLarge, BodyTooSlow) as exc:
             return _error(400, str(exc), "invalid_request")
         request_id = str(body.get("request_id"))
         meta = await gateway.redis.hgetall(gateway.keys.future(request_id))
@@ -176,7 +176,7 @@ def create_gateway_app(client: aioredis.Redis, keys: KeyRing, prefix: str = "ar"
             await read_body(request)
         except AuthError as exc:
             return _error(401, str(exc), "authentication_error")
-        except (ValueError, BodyTooLarge) as exc:
+        except (ValueError, BodyTooLarge, BodyTooSlow) as exc:
             return _error(400, str(exc), "invalid_request")
         return JSONResponse({"status": "accepted" if request.url.path.endswith("telemetry")
                              else "ok"})

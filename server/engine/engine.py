@@ -991,10 +991,9 @@ class Engine:
         Each row draws from its own random stream (seeded from its job's seed and its index in
         the job), so the randomness a row uses does not depend on which other requests shared
         its batch or on when finished rows were dropped. Its logits can, in the last bits: the
-        batch width sets the padding, and the LoRA layers choose between stacked and per-run
-        products from the batch's total adapter rank, which sum in different orders. So a row
-        sampled with batch-mates matches the same row sampled alone except where such a
-        difference flips a draw that sits on a near-tie.
+        batch width sets the padding and the row count changes how the base model's kernels
+        sum. So a row sampled with batch-mates matches the same row sampled alone except where
+        such a difference flips a draw that sits on a near-tie.
         """
         owners = [j for j, job in enumerate(jobs) for _ in range(job.num_samples)]
         rows = len(owners)

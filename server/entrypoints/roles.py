@@ -16,6 +16,7 @@ from typing import Any
 
 import uvicorn
 
+from server.api.http_protocol import HeaderTimeoutProtocol
 from server.entrypoints.args import build_parser, config_from_args
 from server.observability.logs import configure as configure_logging
 
@@ -65,7 +66,9 @@ def run_gateway(args: argparse.Namespace) -> None:
     client = aioredis.Redis.from_url(args.redis_url, socket_timeout=SOCKET_TIMEOUT_SECONDS,
                                      socket_keepalive=True, health_check_interval=30)
     app = create_gateway_app(client, keys, args.redis_prefix)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    uvicorn.run(
+        app, host=args.host, port=args.port, log_level="info", http=HeaderTimeoutProtocol
+    )
 
 
 def run_trainer(args: argparse.Namespace) -> None:
@@ -93,7 +96,9 @@ def run_trainer(args: argparse.Namespace) -> None:
     threading.Thread(target=worker.start, name="trainer-start", daemon=True).start()
     app = health_app("autoresearch trainer", worker.readiness, service.metrics.render)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(
+        app, host=args.host, port=args.port, log_level="warning", http=HeaderTimeoutProtocol
+    )
     finally:
         worker.stop()
 
@@ -136,7 +141,9 @@ def run_sampler(args: argparse.Namespace) -> None:
                            args.heartbeat_ttl, max_rows=args.max_rows).start()
     app = health_app("autoresearch sampler", worker.readiness, metrics.render)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(
+        app, host=args.host, port=args.port, log_level="warning", http=HeaderTimeoutProtocol
+    )
     finally:
         worker.stop()
 

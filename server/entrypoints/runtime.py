@@ -16,6 +16,7 @@ from pathlib import Path
 import uvicorn
 
 from server.api.auth import KeyRing, is_loopback
+from server.api.http_protocol import HeaderTimeoutProtocol
 from server.engine.engine import Engine
 from server.engine.model_loading import (
     default_cache_dir,
@@ -101,7 +102,12 @@ class ServerThread:
         self.app = build_app(config)
         self._server = uvicorn.Server(
             uvicorn.Config(
-                self.app, host=config.host, port=config.port, log_level="warning", lifespan="off"
+                self.app,
+                host=config.host,
+                port=config.port,
+                log_level="warning",
+                lifespan="off",
+                http=HeaderTimeoutProtocol,
             )
         )
         self._thread = threading.Thread(target=self._run, name="http", daemon=True)
@@ -139,7 +145,9 @@ class ServerThread:
 
 def serve(config: ServerConfig) -> None:
     app = build_app(config)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="info")
+    uvicorn.run(
+        app, host=config.host, port=config.port, log_level="info", http=HeaderTimeoutProtocol
+    )
 
 
 __all__ = ["ServerConfig", "ServerThread", "build_app", "serve", "Path"]

@@ -81,6 +81,7 @@ class Scheduler:
         metrics: ServerMetrics | None = None,
         maintenance_seconds: float = 1.0,
         max_fused_runs: int | None = None,
+        key_share_tokens: int = 4096,
     ):
         self.engine = engine
         self.fuse = fuse
@@ -92,6 +93,10 @@ class Scheduler:
         self._queued_tokens: collections.Counter[str] = collections.Counter()
         self.max_sample_rows = max_sample_rows
         self.max_fused_rows = max_fused_rows
+        self.key_share_tokens = key_share_tokens
+        """Each key's share of one fused training batch, in tokens: past it, that key's further
+        work waits for the next turn, so another key's request never rides in a batch a burst
+        made arbitrarily large (every key still gets at least one request per turn)."""
         self._cond = threading.Condition()
         self._streams: dict[str, RunStream] = {}
         self._order: collections.deque[str] = collections.deque()
@@ -233,15 +238,7 @@ class Scheduler:
         if want_sampling and not heads and self._gathering():
             return None
         if want_sampling:
-            batch, rows = [], 0
-            while self._samples and (
-                not batch or rows + self._samples[0].sample.num_samples <= self.max_sample_rows
-            ):
-                work = self._samples.popleft()
-                self._dequeued(work)
-                rows += work.sample.num_samples
-                batch.append(work)
-            return "sample", batch
+            return "sample", self._fair_samples()
         if not heads:
             return None
         if self.fuse and self._gathering_train(heads):
@@ -255,23 +252,61 @@ class Scheduler:
         if action is not None:
             self._advance(action)
             return "action", [action]
+        return "train", self._fair_training_batch(heads)
+
+    def _fair_samples(self) -> list[Work]:
+        """Sample requests for one batch, taken round-robin across keys (oldest first within a
+        key) up to `max_sample_rows`: a key with a thousand queued requests gets one turn for
+        each turn of a key with one."""
+        by_key: dict[str, collections.deque[Work]] = {}
+        for work in self._samples:
+            by_key.setdefault(work.owner, collections.deque()).append(work)
         batch, rows = [], 0
+        while by_key:
+            for owner in list(by_key):
+                queue = by_key[owner]
+                work = queue[0]
+                if batch and rows + work.sample.num_samples > self.max_sample_rows:
+                    by_key.clear()
+                    break
+                queue.popleft()
+                batch.append(work)
+                rows += work.sample.num_samples
+                if not queue:
+                    del by_key[owner]
+        taken = {id(w) for w in batch}
+        self._samples = collections.deque(w for w in self._samples if id(w) not in taken)
+        for work in batch:
+            self._dequeued(work)
+        return batch
+
+    def _fair_training_batch(self, heads: list[Work]) -> list[Work]:
+        """Every run's ready forward_backward work, within each key's share.
+
+        Runs come in round-robin order; a run's consecutive chunks join while its key has
+        share left, and every key gets at least its first ready request in, so a key whose
+        burst fills its quota delays another key's call by at most one batch of its share.
+        """
+        batch, rows = [], 0
+        used: collections.Counter[str] = collections.Counter()
         for head in heads:
             if self.max_fused_runs is not None and len(batch) >= self.max_fused_runs:
                 break
-            # A run's consecutive forward_backward chunks join the same batch.
             stream, work = self._streams[head.run_id], head
             while work is not None and work.job is not None:
                 count = len(work.job.data)
                 if batch and rows + count > self.max_fused_rows:
                     break
+                if used[work.owner] and used[work.owner] + work.tokens > self.key_share_tokens:
+                    break
                 batch.append(work)
                 rows += count
+                used[work.owner] += max(1, work.tokens)
                 self._advance(work)
                 work = stream.head()
             if rows >= self.max_fused_rows:
                 break
-        return "train", batch
+        return batch
 
     def _gathering(self) -> bool:
         """Hold an idle engine a few milliseconds while sample requests are still arriving.
