@@ -26,9 +26,14 @@ from tinker.proto import tinker_public_pb2 as pb
 
 from tests.server.hostile_client import (
     PROTOBUF,
+    WRONG_TYPES,
     HostileClient,
     Outcome,
+    fill,
     forward_backward_body,
+    mutate_body,
+    mutate_proto,
+    valid_bodies,
 )
 from tests.server.server_helpers import forward_logprobs, new_run, sft_datum, sft_step, start_server
 
@@ -117,58 +122,13 @@ def _client_errors(outcomes: list[Outcome]) -> None:
 
 
 # ------------------------------------------------------------ JSON bodies
-WRONG_TYPES = [
-    ("POST", "/create_session", {"tags": {"a": 1}}),
-    ("POST", "/create_session", {"tags": [], "user_metadata": [1, 2]}),
-    ("POST", "/create_session", {"tags": [], "user_metadata": {"k": "x" * 20_000}}),
-    ("POST", "/create_session", {"tags": [], "display_name": ["x"]}),
-    ("POST", "/session_heartbeat", {"session_id": {"a": 1}}),
-    ("POST", "/session_heartbeat", {"session_id": [1]}),
-    ("POST", "/get_info", {"model_id": ["x"]}),
-    ("POST", "/create_model", {"session_id": "{sid}", "model_seq_id": "²",
-                               "base_model": "{base}"}),
-    ("POST", "/create_model", {"session_id": "{sid}", "model_seq_id": 9, "base_model": "{base}",
-                               "user_metadata": "not an object"}),
-    ("POST", "/sessions/search", {"owner": [1]}),
-    ("POST", "/sessions/search", {"limit": "many"}),
-    ("POST", "/sessions/search", {"user_metadata": [1]}),
-    ("POST", "/sessions/search", {"cursor": "abc"}),
-    ("POST", "/asample", {"prompt": [1, 2], "num_samples": 1, "base_model": "{base}",
-                          "sampling_params": {}}),
-    ("POST", "/asample", {"prompt": {"chunks": {"a": 1}}, "num_samples": 1,
-                          "base_model": "{base}", "sampling_params": {}}),
-    ("POST", "/retrieve_future", {"request_id": [1]}),
-    ("POST", "/save_weights", {"model_id": "{run}", "path": 123}),
-    ("POST", "/save_weights", {"model_id": "{run}", "path": "ok", "user_metadata": [1]}),
-    ("POST", "/load_weights", {"model_id": "{run}", "path": {"a": 1}}),
-    ("POST", "/weights_info", {"tinker_path": [1]}),
-    ("POST", "/sessions/{sid}/finish", {"reason": [1]}),
-    ("POST", "/sessions/{sid}/finish", {"reason": {"type": {"a": 1}}}),
-    ("GET", "/sessions?limit=²", None),
-    ("GET", "/checkpoints?offset=¹", None),
-    ("GET", "/training_runs?limit=-5", None),
-    ("GET", "/checkpoints?offset=-1", None),
-]
-
-
-def _fill(value, ctx: Context):
-    if isinstance(value, str):
-        return value.replace("{sid}", ctx.session_id).replace("{base}", ctx.base_model) \
-            .replace("{run}", ctx.run_id)
-    if isinstance(value, dict):
-        return {k: _fill(v, ctx) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_fill(v, ctx) for v in value]
-    return value
-
-
 @pytest.mark.parametrize(("method", "path", "body"), WRONG_TYPES,
                          ids=[f"{m} {p} {i}" for i, (m, p, _) in enumerate(WRONG_TYPES)])
 def test_wrong_json_types_are_client_errors(ctx, method, path, body):
     if path.endswith("/finish"):
-        path = _fill(path, ctx)
+        path = fill(path, ctx.session_id, ctx.base_model, ctx.run_id)
         ctx.session_id = ctx.client.session()  # finishing (even refused) must not end ours
-    outcome = ctx.send(method, path, _fill(body, ctx))
+    outcome = ctx.send(method, path, fill(body, ctx.session_id, ctx.base_model, ctx.run_id))
     _client_errors([outcome])
 
 
@@ -324,100 +284,18 @@ def test_a_per_token_clip_threshold_on_one_side_trains(ctx):
     assert outcome.future == "ok", outcome
 
 
-# ------------------------------------------------------------------- fuzz
-def _mutations(rng: random.Random):
-    weird = [None, True, -1, 0, 10**30, 1.5, -1e308, "", "²", "x" * 3000, "a\x00b", [],
-             [1, [2, [3]]], {}, {"type": {"type": 1}}, "NaN", [None] * 5, {"a": [{}] * 3}]
-    return weird[rng.randrange(len(weird))]
-
-
-def _valid_bodies(ctx: Context) -> list[tuple[str, str, dict]]:
-    prompt = {"chunks": [{"type": "encoded_text", "tokens": ctx.tokens[:4]}]}
-    return [
-        ("POST", "/create_session", {"tags": ["t"], "user_metadata": {"a": "b"},
-                                     "sdk_version": "0.38.0", "type": "create_session"}),
-        ("POST", "/session_heartbeat", {"session_id": ctx.session_id}),
-        ("POST", "/get_info", {"model_id": ctx.run_id}),
-        ("POST", "/optim_step", {"model_id": ctx.run_id,
-                                 "adam_params": {"learning_rate": 1e-4}}),
-        ("POST", "/save_weights", {"model_id": ctx.run_id, "path": "fz"}),
-        ("POST", "/save_weights_for_sampler", {"model_id": ctx.run_id, "path": "fzs"}),
-        ("POST", "/create_sampling_session", {"session_id": ctx.session_id,
-                                              "sampling_session_seq_id": 0,
-                                              "base_model": ctx.base_model}),
-        ("POST", "/asample", {"prompt": prompt, "num_samples": 1, "base_model": ctx.base_model,
-                              "sampling_params": {"max_tokens": 2, "temperature": 1.0}}),
-        ("POST", "/sessions/search", {"limit": 5, "user_metadata": {"a": "b"}}),
-        ("POST", "/weights_info", {"tinker_path": f"tinker://{ctx.run_id}/weights/fz"}),
-        ("POST", "/copy_weights", {"source_path": f"tinker://{ctx.run_id}/weights/fz"}),
-        ("POST", "/retrieve_future", {"request_id": "req-1-create_session"}),
-        ("POST", "/load_weights", {"model_id": ctx.run_id,
-                                   "path": f"tinker://{ctx.run_id}/weights/fz"}),
-    ]
-
-
-def _mutate(body, rng: random.Random):
-    """`body` with one value somewhere inside replaced by something odd, or a key added."""
-    if isinstance(body, dict) and body:
-        key = rng.choice([*body, "extra_key"])
-        copy = dict(body)
-        if key in body and isinstance(body[key], dict | list) and rng.random() < 0.5:
-            copy[key] = _mutate(body[key], rng)
-        else:
-            copy[key] = _mutations(rng)
-        return copy
-    if isinstance(body, list) and body:
-        copy = list(body)
-        index = rng.randrange(len(copy))
-        copy[index] = _mutate(copy[index], rng) if rng.random() < 0.5 else _mutations(rng)
-        return copy
-    return _mutations(rng)
-
-
 FUZZ_REQUESTS = 400
-
-
-def _mutate_proto(message: pb.ForwardBackwardRequest, rng: random.Random) -> None:
-    """One odd change inside the datum (its run and seq_id stay readable)."""
-    datum = message.data[0]
-    tensor = datum.loss_fn_inputs[rng.choice(["target_tokens", "weights"])]
-    garbage = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 40)))
-    choice = rng.randrange(9)
-    if choice == 0:
-        tensor.dtype = rng.randrange(-3, 12)
-    elif choice == 1:
-        del tensor.shape[:]
-        tensor.shape.extend(rng.randrange(-2, 1 << 20) for _ in range(rng.randrange(0, 4)))
-    elif choice == 2:
-        tensor.dense = garbage
-    elif choice == 3:
-        tensor.ClearField("dense")
-        tensor.sparse_csr.crow_indices = garbage
-        tensor.sparse_csr.col_indices = garbage[::-1]
-        tensor.sparse_csr.values = garbage
-    elif choice == 4:
-        datum.model_input[0].encoded_text.tokens = garbage
-    elif choice == 5:
-        message.loss_fn = rng.choice(["", "ppo", "gspo", "dro", "nope", "x" * 500])
-    elif choice == 6:
-        message.loss_fn_config[rng.choice(["beta", "clip_low_threshold", "?"])] = rng.choice(
-            [math.nan, math.inf, -1.0, 1e30])
-    elif choice == 7:
-        datum.loss_fn_inputs["advantages"].CopyFrom(tensor)
-    else:
-        message.data.add().CopyFrom(datum)
-        del message.data[-1].model_input[:]
 
 
 def test_bounded_fuzz_of_every_endpoint_finds_no_server_fault(ctx):
     rng = random.Random(23)
-    bodies = _valid_bodies(ctx)
+    bodies = valid_bodies(ctx.session_id, ctx.base_model, ctx.run_id, ctx.tokens)
     # The run's own order advances through the fuzzed optimizer steps and saves, so keep it in
     # step: a body's seq_id, when fuzz sets none, is the server's to assign.
     seen: dict[str, int] = {}
     for _ in range(FUZZ_REQUESTS):
         method, path, body = bodies[rng.randrange(len(bodies))]
-        mutated = _mutate(body, rng)
+        mutated = mutate_body(body, rng)
         if rng.random() < 0.1:
             raw = json.dumps(mutated).encode()
             cut = raw[: rng.randrange(1, len(raw))]
@@ -428,7 +306,7 @@ def test_bounded_fuzz_of_every_endpoint_finds_no_server_fault(ctx):
             outcome.future or str(outcome.status // 100) + "xx", 0) + 1
     n = len(ctx.tokens) - 1
     for _ in range(FUZZ_REQUESTS // 4):
-        ctx.fb([_datum(ctx.tokens, weights=[1.0] * n)], mutate=lambda m: _mutate_proto(m, rng))
+        ctx.fb([_datum(ctx.tokens, weights=[1.0] * n)], mutate=lambda m: mutate_proto(m, rng))
         ctx.good_fb()  # whatever the mutation did, the run's order goes on
     assert len(ctx.outcomes) == FUZZ_REQUESTS + FUZZ_REQUESTS // 2
     assert seen.get("4xx", 0) + seen.get("user", 0) > FUZZ_REQUESTS // 4, seen
