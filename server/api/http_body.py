@@ -48,10 +48,27 @@ async def read_body(request: Request) -> bytes:
     except TimeoutError:
         raise BodyTooSlow(f"request body not received within {BODY_READ_SECONDS:.0f} s") from None
     if request.headers.get("content-encoding", "").lower() == "zstd":
-        try:
-            body = zstandard.ZstdDecompressor().stream_reader(body).read(MAX_BODY_BYTES + 1)
-        except zstandard.ZstdError as exc:
-            raise MalformedBody(f"invalid zstd body: {exc}") from None
-        if len(body) > MAX_BODY_BYTES:
-            raise BodyTooLarge(f"decompressed body exceeds {MAX_BODY_BYTES} bytes")
+        body = _unzstd(body)
     return body
+
+
+def _unzstd(body: bytes, step: int = 1024) -> bytes:
+    """Decompress a zstd body fed a KiB at a time, so the output is capped as it grows (a
+    small body cannot expand past `MAX_BODY_BYTES` in memory), and refuse a frame that does not
+    end: a truncated or corrupt body is an error, not an empty or partial request."""
+    decompressor = zstandard.ZstdDecompressor().decompressobj()
+    parts, size = [], 0
+    try:
+        for first in range(0, len(body), step):
+            part = decompressor.decompress(body[first : first + step])
+            size += len(part)
+            if size > MAX_BODY_BYTES:
+                raise BodyTooLarge(f"decompressed body exceeds {MAX_BODY_BYTES} bytes")
+            parts.append(part)
+            if decompressor.eof:
+                break
+    except zstandard.ZstdError as exc:
+        raise MalformedBody(f"invalid zstd body: {exc}") from None
+    if not decompressor.eof:
+        raise MalformedBody("invalid zstd body: the frame is truncated")
+    return b"".join(parts)

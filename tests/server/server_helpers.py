@@ -94,12 +94,15 @@ def start_server(model_dir: Path | None, data_dir: Path, **overrides):
 class SubprocessServer:
     """`python -m server` in its own process, as an operator would run it."""
 
-    def __init__(self, model_dir: Path, data_dir: Path, log_path: Path):
+    def __init__(self, model_dir: Path, data_dir: Path, log_path: Path,
+                 api_keys: str | None = None):
         from server.entrypoints.runtime import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if k != "AUTORESEARCH_API_KEYS"}
+        if api_keys:
+            env["AUTORESEARCH_API_KEYS"] = api_keys
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "server", "--model", str(model_dir), "--port",

@@ -138,6 +138,11 @@ def test_bodies_that_cannot_be_read_are_client_errors(ctx):
                  headers={"content-type": "application/json"}),
         ctx.send("POST", "/create_session", raw=b"\x28\xb5\x2f\xfd broken",
                  headers={"content-encoding": "zstd", "content-type": "application/json"}),
+        # A frame that stops early decodes to nothing: an empty body must not pass as `{}`.
+        ctx.send("POST", "/create_session", raw=b"\x28\xb5\x2f\xfd ?",
+                 headers={"content-encoding": "zstd", "content-type": "application/json"}),
+        ctx.send("POST", "/create_session", raw=zstandard.compress(b'{"tags": []}')[:-3],
+                 headers={"content-encoding": "zstd", "content-type": "application/json"}),
         ctx.send("POST", "/forward_backward", raw=zstandard.compress(b"not protobuf"),
                  headers={"content-encoding": "zstd", **PROTOBUF}),
         ctx.send("POST", "/create_session", {"tags": []}, key="tml-\u00e9t\u00e9".encode()),
