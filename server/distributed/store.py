@@ -8,6 +8,7 @@ Key layout (all under one prefix, `ar` by default)::
     reply:<id>           string the op's HTTP answer (write-once), `reply:<id>:n` wakes waiters
     future:<id>          hash   owner, kind of a future; `result:<id>` (write-once) its result
     log:control          list   journal of session-level ops; `log:run:<run_id>` per run
+    log:session:<id>     set    that session's entries of log:control (trimmed when it goes)
     trainer:lease        string the one trainer allowed to take ops
     trainers, trainer:alive:<id>   worker ids and their heartbeats (keys that expire)
     samples, samples:processing:<worker>, sample:<id>   sampling jobs
@@ -111,6 +112,10 @@ class Keys:
 
     def run_log(self, run_id: str) -> str:
         return self("log", "run", run_id)
+
+    def session_ops(self, session_id: str) -> str:
+        """The control-log entries of one session, so they can leave the log with it."""
+        return self("log", "session", session_id)
 
     @property
     def lease(self) -> str:

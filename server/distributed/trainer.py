@@ -16,6 +16,7 @@ import collections
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -35,6 +36,7 @@ from server.distributed.journal import (
     log_entry,
     normalize,
     parse_entry,
+    parse_json,
 )
 from server.distributed.sampler import SamplerWorker
 from server.distributed.snapshots import load_snapshot, snapshot_checkpoint, write_snapshot
@@ -59,6 +61,19 @@ return 0
 """
 _LOCAL = object()
 FAULT_REPLY_TTL_SECONDS = 30
+
+
+def control_session(op_id: str, path: str, body: bytes) -> str | None:
+    """The session a control op belongs to: the one it creates (ids derive from the op id),
+    the one its body names, or the one in its path (finish, delete of one of its runs)."""
+    if path == "/create_session":
+        return f"sess-{op_id.removeprefix('op-')[:12]}"
+    if path.startswith("/sessions/"):
+        return path.split("/")[2]
+    if path.startswith("/training_runs/"):
+        return path.split("/")[2].split(":", 1)[0]
+    session_id = parse_json(body).get("session_id")
+    return session_id if isinstance(session_id, str) else None
 
 
 class TrustedOwner:
@@ -102,10 +117,33 @@ class DistributedService(TrainingService):
     def create_session(self, owner: str, body: dict[str, Any]) -> dict[str, Any]:
         op = self.current_op or uuid.uuid4().hex
         session_id = f"sess-{op.removeprefix('op-')[:12]}"
-        self.sessions[session_id] = Session(
-            session_id, owner, list(body.get("tags") or []), dict(body.get("user_metadata") or {})
-        )
+        self.sessions[session_id] = self._new_session(session_id, owner, body)
         return {"session_id": session_id, "type": "create_session"}
+
+    # ------------------------------------------------------------ lifecycle
+    def _free_run(self, run_id: str, reason: str) -> None:
+        """A freed run's journal goes with it: its log, its ops and its saved state."""
+        super()._free_run(run_id, reason)
+        self._forget_run_journal(run_id)
+
+    def _forget_run_journal(self, run_id: str) -> None:
+        key = self.keys.run_log(run_id)
+        entries = self.redis.redis.lrange(key, 0, -1)
+        self.redis.redis.delete(key, *(self.keys.op(parse_entry(e)[0]) for e in entries))
+        self.saves.delete(run_id)
+
+    def _drop_session(self, session: Session) -> None:
+        """A dropped session's entries leave the control log, so a restart never replays it
+        and the log stays as long as the live sessions' history."""
+        super()._drop_session(session)
+        index = self.keys.session_ops(session.session_id)
+        entries = self.redis.redis.smembers(index)
+        pipe = self.redis.redis.pipeline(transaction=True)
+        for entry in entries:
+            pipe.lrem(self.keys.control_log, 0, entry)
+            pipe.delete(self.keys.op(parse_entry(entry)[0]))
+        pipe.delete(index)
+        pipe.execute()
 
     def _check_backlog(self, owner: str, tokens: int) -> None:
         if not self.replaying:  # replayed work was admitted once already
@@ -177,10 +215,7 @@ class DistributedService(TrainingService):
 
     def delete_run(self, owner: str, run_id: str) -> None:
         super().delete_run(owner, run_id)
-        key = self.keys.run_log(run_id)
-        entries = self.redis.redis.lrange(key, 0, -1)
-        self.redis.redis.delete(key, *(self.keys.op(parse_entry(e)[0]) for e in entries))
-        self.saves.delete(run_id)
+        self._forget_run_journal(run_id)
 
     # ---------------------------------------------------------- samplers
     def _register_sampler(self, sampler: Sampler, reload=None) -> None:
@@ -197,22 +232,37 @@ class DistributedService(TrainingService):
                   "snapshot": None if directory is None else str(directory)}
         self.redis.redis.set(self.keys.sampler_session(sampler.sampler_id), json.dumps(record))
 
+    def _free_sampler(self, sampler_id: str, reason: str) -> None:
+        """A freed sampling session also leaves Redis and, once no session uses it, its
+        snapshot directory leaves the shared storage."""
+        super()._free_sampler(sampler_id, reason)
+        self.redis.redis.delete(self.keys.sampler_session(sampler_id))
+        directory = self._sampler_dirs.pop(sampler_id, None)
+        if directory is not None and directory not in self._sampler_dirs.values():
+            shutil.rmtree(directory, ignore_errors=True)
+
     def restore_sampler_sessions(self) -> None:
+        """Sampling sessions from Redis after a restart, registered lazily: a snapshot's
+        weights are read on its first request, inside the resident-sampler cap, not all at
+        start-up."""
         for key in self.redis.redis.scan_iter(match=self.keys.sampler_session("*")):
             sampler_id = key.decode().split(":", 2)[2]
             if sampler_id in self.samplers:
                 continue
             record = json.loads(self.redis.redis.get(key) or "{}")
             snapshot = record.get("snapshot")
-            adapter = reload = None
+            if snapshot and not Path(snapshot).is_dir():
+                self.redis.redis.delete(key)  # its snapshot is gone: nothing to serve
+                continue
+            sampler = Sampler(sampler_id, record["owner"], record["base_model"],
+                              record.get("model_path"), None)
+            TrainingService._register_sampler(self, sampler)
             if snapshot:
                 directory, device = Path(snapshot), self.engine.device
-                adapter = load_snapshot(directory, device)
-                reload = lambda d=directory, v=device: load_snapshot(d, v)  # noqa: E731
                 self._sampler_dirs[sampler_id] = directory
-            TrainingService._register_sampler(self, Sampler(
-                sampler_id, record["owner"], record["base_model"], record.get("model_path"),
-                adapter), reload)
+                self.sampler_cache.put_on_disk(
+                    sampler_id, lambda d=directory, v=device: load_snapshot(d, v))
+                sampler.tuned = True
 
     def _remote_samplers(self) -> bool:
         checked, alive = self._samplers_checked
@@ -460,7 +510,11 @@ class TrainerWorker:
             pipe = redis.pipeline(transaction=True)
             if target is not None:
                 log_key = keys.control_log if target.control else keys.run_log(target.run_id)
-                pipe.rpush(log_key, log_entry(op_id, target.seq_id))
+                entry = log_entry(op_id, target.seq_id)
+                pipe.rpush(log_key, entry)
+                session_id = control_session(op_id, path, body) if target.control else None
+                if session_id is not None:
+                    pipe.sadd(keys.session_ops(session_id), entry)
                 pipe.hset(keys.op(op_id), "body", body)
                 pipe.lrem(keys.processing, 0, op_id)
             elif not (path == "/asample" and response.status_code < 400

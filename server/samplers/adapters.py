@@ -93,10 +93,37 @@ class AdapterPublisher:
         published = PublishedAdapter(name, self.directory / name)
         if not self._complete(published.path):
             self._write(published.path, tensors, config)
+        else:
+            os.utime(published.path)  # recency, for `prune`
         with self._lock:
             self._known[key] = (weakref.ref(adapter, lambda _, k=key: self._forget(k)),
                                 fingerprint, published)
         return published
+
+    def prune(self, keep: int, protected: set[str]) -> list[str]:
+        """Delete the least recently published directories beyond the newest `keep`, never a
+        `protected` one (loaded in the inference server, or in use by a request). An RL loop
+        publishes one adapter per step; without this the directory grows by one per step.
+        Returns the names deleted. A pruned adapter is simply written again if used again."""
+        entries = []
+        for path in self.directory.iterdir():
+            if path.name.startswith(NAME_PREFIX) and path.is_dir():
+                with contextlib.suppress(FileNotFoundError):
+                    entries.append((path.stat().st_mtime, path))
+        entries.sort(reverse=True)
+        pruned = []
+        for _, path in entries[keep:]:
+            if path.name in protected:
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            pruned.append(path.name)
+        if pruned:
+            gone = set(pruned)
+            with self._lock:
+                for key in [k for k, v in self._known.items() if v[2].name in gone]:
+                    del self._known[key]
+            log.info("pruned %d published adapters", len(pruned))
+        return pruned
 
     def _forget(self, key: int) -> None:
         with self._lock:
@@ -154,6 +181,11 @@ class LoadedAdapters:
         """Loaded names, least recently used first."""
         with self._lock:
             return [name for name, entry in self._entries.items() if entry.loaded]
+
+    def held(self) -> set[str]:
+        """Names loaded, being loaded or in use by a request: not to be deleted from disk."""
+        with self._lock:
+            return {name for name, entry in self._entries.items() if entry.loaded or entry.refs}
 
     @contextlib.contextmanager
     def use(self, name: str, path: str | Path) -> Iterator[None]:

@@ -73,6 +73,11 @@ class SampleBatchError(VLLMError):
         self.outcomes = outcomes
 
 
+KEEP_PUBLISHED = 64
+"""Adapter directories kept at least: several RL steps of several runs, so one that is about to
+be loaded is never pruned; older ones are written again if asked for."""
+
+
 class VLLMSampler:
     """Samples `SampleJob`s on a vLLM server; see the module docstring."""
 
@@ -100,6 +105,8 @@ class VLLMSampler:
         self.semantics: LogprobSemantics | None = None
         self.loaded = LoadedAdapters(max_loaded_adapters, client.load_lora_adapter,
                                      client.unload_lora_adapter)
+        self.keep_published = max(KEEP_PUBLISHED, 2 * max_loaded_adapters)
+        """Published adapter directories kept on disk (the newest; loaded ones always)."""
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="vllm-sampler")
         self._memo: dict[int, tuple[SampleJob, SampleResult]] = {}
         self._memo_lock = threading.Lock()
@@ -212,6 +219,8 @@ class VLLMSampler:
             except Exception as exc:  # noqa: BLE001 - fails the jobs that use this adapter
                 log.error("publishing an adapter failed: %s", exc)
                 published[key] = VLLMError(f"publishing the adapter for vLLM failed: {exc}")
+        fresh = {p.name for p in published.values() if isinstance(p, PublishedAdapter)}
+        self.publisher.prune(self.keep_published, self.loaded.held() | fresh)
         return published
 
     def _sample_locally(self, jobs: list[SampleJob]) -> list[SampleResult | BaseException]:

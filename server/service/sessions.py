@@ -43,10 +43,14 @@ class SessionRequests(ServiceCore):
                 session.ended_at is not None
                 and now - session.ended_at > self.policy.ended_session_retention_seconds
             ):
-                for run_id in list(session.run_ids):
-                    self._free_run(run_id, f"its session {session.session_id} ended")
-                with self._lock:
-                    self.sessions.pop(session.session_id, None)
+                self._drop_session(session)
+
+    def _drop_session(self, session: Session) -> None:
+        """An ended session past its retention: its runs are freed and its record goes."""
+        for run_id in list(session.run_ids):
+            self._free_run(run_id, f"its session {session.session_id} ended")
+        with self._lock:
+            self.sessions.pop(session.session_id, None)
 
     def _spill_ended_runs(self, busy: set[str]) -> None:
         """An ended session's runs leave memory at once (adapter and AdamW state to a spill
@@ -90,14 +94,18 @@ class SessionRequests(ServiceCore):
 
     def create_session(self, owner: str, body: dict[str, Any]) -> dict[str, Any]:
         session_id = f"sess-{uuid.uuid4().hex[:12]}"
-        self.sessions[session_id] = Session(
+        self.sessions[session_id] = self._new_session(session_id, owner, body)
+        return {"session_id": session_id, "type": "create_session"}
+
+    @staticmethod
+    def _new_session(session_id: str, owner: str, body: dict[str, Any]) -> Session:
+        return Session(
             session_id,
             owner,
             tags(body.get("tags")),
             metadata(body.get("user_metadata")),
             display_name=short_text(body.get("display_name"), "display_name"),
         )
-        return {"session_id": session_id, "type": "create_session"}
 
     def heartbeat(self, owner: str, session_id: str) -> dict[str, Any]:
         session = self._session(owner, session_id)

@@ -55,6 +55,12 @@ class SamplerCache:
                 self._reloaders[sampler_id] = reload
             self._enforce_cap()
 
+    def put_on_disk(self, sampler_id: str, reload: Callable[[], AdapterWeights]) -> None:
+        """Know a snapshot whose weights stay on disk until first asked for (after a restart,
+        say): nothing is read now, and its first `get` counts against the cap like any other."""
+        with self._lock:
+            self._reloaders[sampler_id] = reload
+
     def get(self, sampler_id: str) -> AdapterWeights:
         """The snapshot's weights, read back from disk if they were evicted."""
         with self._lock:

@@ -118,13 +118,27 @@ def test_the_one_call_score_function_uses_the_sandbox(task):
     assert rewards.score("DROP TABLE shops", task).total == 0.0
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_a_killed_worker_is_replaced_and_its_prediction_scores_zero(task):
-    with RewardPool(workers=1, limits=SandboxLimits(timeout_s=20.0)) as pool:
-        slow = "SELECT count(*) FROM shops a, shops b, shops c, shops d, shops e, shops f, " \
-               "shops g, shops h, shops i, shops j, shops k, shops l, shops m, shops n, shops o"
+    # A 22-way cross join of three rows (3^22 rows) cannot finish within the timeout on any
+    # machine; the worker is killed once it has provably spent CPU inside that query (an idle
+    # worker spends none), so neither a fast nor a slow machine changes what is tested.
+    with RewardPool(workers=1, limits=SandboxLimits(timeout_s=60.0)) as pool:
+        slow = "SELECT count(*) FROM " + ", ".join(f"shops t{i}" for i in range(22))
+        assert pool.score(GOLD, task).correct  # the worker is up and idle
         pid = pool.worker_pids()[0]
+        idle = _cpu_seconds(pid)
         future = pool.submit(slow, task)
-        time.sleep(1.0)
+        deadline = time.monotonic() + 60
+        while _cpu_seconds(pid) - idle < 0.5:
+            assert not future.done(), future.result()
+            assert time.monotonic() < deadline, "the worker never started on the query"
+            time.sleep(0.02)
         os.kill(pid, signal.SIGKILL)
         result = future.result(timeout=30)
         assert result.outcome == "crashed" and result.total == 0.0

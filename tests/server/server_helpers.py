@@ -135,6 +135,32 @@ class SubprocessServer:
         self._log.close()
 
 
+def start_redis(directory: Path) -> tuple[subprocess.Popen, str]:
+    """A throwaway `redis-server` on a free loopback port (no persistence); returns the
+    process and its URL once it answers a ping."""
+    import redis
+
+    from server.entrypoints.runtime import free_port
+
+    port = free_port()
+    process = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(directory)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if client.ping():
+                return process, url
+        except redis.RedisError:
+            time.sleep(0.05)
+    process.kill()
+    raise RuntimeError("redis-server did not start")
+
+
 # ------------------------------------------------------------------ data
 def sft_datum(ids: list[int], weights: list[float] | None = None) -> types.Datum:
     """Next-token prediction on `ids` (weights default to 1 on every target)."""

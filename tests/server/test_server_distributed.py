@@ -301,6 +301,15 @@ def test_training_and_sampling_end_to_end_through_the_gateways(
         response = sampler.sample(prompt, num_samples=2, sampling_params=types.SamplingParams(
             max_tokens=6, temperature=1.0, seed=11)).result()
         scored = sampler.compute_logprobs(prompt).result()
+        snapshots = [p for p in (cluster.data_dir / "snapshots").iterdir()
+                     if not p.name.startswith(".")]
+        assert snapshots and all((p / "adapter_model.safetensors").exists() for p in snapshots)
+    # The session ended: its sampling sessions leave Redis and their snapshots the storage.
+    deadline = time.monotonic() + 30
+    while any(p.exists() for p in snapshots) or list(
+            cluster.redis.scan_iter(match=f"ar:sampler-session:{client.model_id.split(':')[0]}*")):
+        assert time.monotonic() < deadline, "the ended session's snapshots were never freed"
+        time.sleep(0.1)
     with _sdk(cluster.gateways[1].url) as svc:
         base = svc.create_sampling_client(base_model=base_model)
         base_scored = base.compute_logprobs(prompt).result()
@@ -312,9 +321,6 @@ def test_training_and_sampling_end_to_end_through_the_gateways(
     np.testing.assert_allclose(np.array(scored[1:], dtype=np.float64), trained[0],
                                rtol=1e-4, atol=1e-5)
     assert sum(scored[1:]) > sum(base_scored[1:])
-    snapshots = [p for p in (cluster.data_dir / "snapshots").iterdir()
-                 if not p.name.startswith(".")]
-    assert snapshots and all((p / "adapter_model.safetensors").exists() for p in snapshots)
 
 
 def _scoring(data: list[types.Datum]) -> list[types.Datum]:

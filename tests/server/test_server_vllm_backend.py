@@ -270,6 +270,22 @@ def test_adapters_are_published_as_peft_directories_named_by_their_content(tmp_p
     assert all(torch.equal(stored[key], value) for key, value in expected.items())
 
 
+def test_published_adapters_beyond_the_newest_are_pruned_except_protected_ones(tmp_path: Path):
+    import os
+
+    publisher = AdapterPublisher(tmp_path, BASE)
+    published = [publisher.publish(toy_adapter(seed)) for seed in range(6)]
+    for age, adapter in enumerate(reversed(published)):  # the first published is the oldest
+        os.utime(adapter.path, (1000.0 - age, 1000.0 - age))
+    pruned = publisher.prune(keep=2, protected={published[0].name})
+    assert sorted(pruned) == sorted(p.name for p in published[1:4])
+    left = sorted(p.name for p in (tmp_path / "adapters").iterdir())
+    assert left == sorted([published[0].name, published[4].name, published[5].name])
+    # A pruned adapter asked for again is written again, under the same name.
+    again = publisher.publish(toy_adapter(1))
+    assert again == published[1] and (again.path / "adapter_model.safetensors").is_file()
+
+
 def test_same_weights_keep_their_name_and_changed_weights_get_a_new_one(tmp_path: Path):
     publisher = AdapterPublisher(tmp_path, BASE)
     adapter = toy_adapter(0)

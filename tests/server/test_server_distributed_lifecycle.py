@@ -1,0 +1,127 @@
+"""Distributed mode keeps nothing forever either: a freed sampling session leaves Redis and the
+shared snapshot storage, a dropped session leaves the control log (so restarts stop replaying
+it), and sessions restored after a restart are read lazily, inside the resident cap.
+
+The trainer's service runs in process against a real `redis-server`; the journaling of ops is
+exercised end to end by `test_server_distributed.py`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from server.distributed.journal import log_entry
+from server.distributed.store import Keys, RedisFutureStore, Store, connect
+from server.distributed.trainer import DistributedService, control_session
+from server.engine.engine import Engine
+from server.engine.lora import LoraSpec
+from server.engine.model_loading import load_base_model
+from server.service.records import Sampler
+from server.storage.checkpoints import CheckpointStore
+from tests.server.server_helpers import start_redis
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("redis-server") is None,
+    reason="redis-server is not installed (apt-get install -y redis-server)",
+)
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory) -> Iterator[str]:
+    process, url = start_redis(tmp_path_factory.mktemp("redis"))
+    yield url
+    process.terminate()
+    process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir) -> Engine:
+    return Engine(load_base_model(str(tiny_model_dir), device="cpu"))
+
+
+def _service(engine: Engine, redis_url: str, data_dir: Path, prefix: str) -> DistributedService:
+    store = Store(connect(redis_url), Keys(prefix))
+    return DistributedService(engine, CheckpointStore(data_dir), RedisFutureStore(store), store)
+
+
+def _sampler(engine: Engine, service: DistributedService, sampler_id: str, seed: int):
+    adapter = engine.create_run(LoraSpec(rank=2), seed=seed).adapter.frozen_copy()
+    with torch.no_grad():
+        for b in adapter.b.values():
+            b.normal_(0, 0.1)
+    service._register_sampler(Sampler(sampler_id, "key-x", service.base_model, None, adapter))
+
+
+def test_a_freed_sampling_session_leaves_redis_and_the_snapshot_store(engine, redis_url,
+                                                                      tmp_path):
+    service = _service(engine, redis_url, tmp_path / "data", "free")
+    try:
+        _sampler(engine, service, "sess-a:sample:0", seed=1)
+        directory = service._sampler_dirs["sess-a:sample:0"]
+        key = service.keys.sampler_session("sess-a:sample:0")
+        assert directory.is_dir() and service.redis.redis.exists(key)
+        service._free_sampler("sess-a:sample:0", "its session ended")
+        assert not directory.exists()
+        assert not service.redis.redis.exists(key)
+    finally:
+        service.scheduler.stop()
+
+
+def test_a_dropped_session_leaves_the_control_log(engine, redis_url, tmp_path):
+    service = _service(engine, redis_url, tmp_path / "data", "drop")
+    redis, keys = service.redis.redis, service.keys
+    try:
+        for session_id, ops in (("sess-gone", ["op-1", "op-2"]), ("sess-kept", ["op-3"])):
+            service.sessions[session_id] = service._new_session(session_id, "key-x", {})
+            for op in ops:
+                entry = log_entry(op, None)
+                redis.rpush(keys.control_log, entry)
+                redis.hset(keys.op(op), "path", "/create_model")
+                redis.sadd(keys.session_ops(session_id), entry)
+        service._drop_session(service.sessions["sess-gone"])
+        assert [e.decode() for e in redis.lrange(keys.control_log, 0, -1)] == ["op-3|"]
+        assert not redis.exists(keys.op("op-1")) and not redis.exists(keys.op("op-2"))
+        assert redis.exists(keys.op("op-3"))
+        assert not redis.exists(keys.session_ops("sess-gone"))
+        assert "sess-gone" not in service.sessions
+    finally:
+        service.scheduler.stop()
+
+
+@pytest.mark.parametrize(("path", "body", "session"), [
+    ("/create_session", b"{}", "sess-0123456789ab"),
+    ("/create_model", b'{"session_id": "sess-x"}', "sess-x"),
+    ("/create_sampling_session", b'{"session_id": "sess-y"}', "sess-y"),
+    ("/load_weights", b'{"session_id": "sess-z", "path": "p"}', "sess-z"),
+    ("/sessions/sess-w/finish", b"{}", "sess-w"),
+    ("/training_runs/sess-v:train:0", b"", "sess-v"),
+])
+def test_every_control_op_is_indexed_under_its_session(path, body, session):
+    assert control_session("op-0123456789abcdef", path, body) == session
+
+
+def test_restored_sampling_sessions_are_read_lazily(engine, redis_url, tmp_path):
+    first = _service(engine, redis_url, tmp_path / "data", "lazy")
+    try:
+        for k in range(3):
+            _sampler(engine, first, f"sess-l:sample:{k}", seed=10 + k)
+        gone = first._sampler_dirs["sess-l:sample:2"]
+    finally:
+        first.scheduler.stop()
+    shutil.rmtree(gone)
+    second = _service(engine, redis_url, tmp_path / "data", "lazy")
+    try:
+        second.restore_sampler_sessions()
+        assert sorted(second.samplers) == ["sess-l:sample:0", "sess-l:sample:1"]
+        assert second.sampler_cache.resident_count() == 0
+        assert not second.redis.redis.exists(second.keys.sampler_session("sess-l:sample:2"))
+        adapter = second.sampler_cache.get("sess-l:sample:0")
+        assert second.sampler_cache.resident_count() == 1
+        assert any(float(b.abs().sum()) > 0 for b in adapter.b.values())
+    finally:
+        second.scheduler.stop()
