@@ -564,7 +564,9 @@ class StudyRunner:
             log.info("trial %s %s", trial_id, exc)
             return
         except TrialStopped as exc:
-            last = tracker.end("stopped")
+            # A trial stopped by the study's interruption keeps the mark `_interrupt` gave it,
+            # however late its thread reports back, so a resume queues it again.
+            last = tracker.end("stopped", **({"interrupted": True} if self._interrupted else {}))
             self._progress(trial_id, last)
             self.journal.finish_trial(trial_id, steps, evals, status="stopped",
                                       finished=time.time(), error=str(exc), progress=last)
