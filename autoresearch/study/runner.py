@@ -491,7 +491,9 @@ class StudyRunner:
 
     def _step_sink(self, trial_id: str, role: str):
         def sink(entry: dict[str, Any]) -> None:
-            tracker = self._trackers.get(trial_id)
+            # After an interruption a trial's thread may still report (its evaluation was
+            # under way): its steps are kept, but its progress stays what `_interrupt` wrote.
+            tracker = None if self._interrupted else self._trackers.get(trial_id)
             before = tracker.state["phase"] if tracker else None
             state = tracker.update(entry) if tracker else None
             with self._buffer_lock:
@@ -531,7 +533,7 @@ class StudyRunner:
         with self._buffer_lock:
             entries = self._buffers.pop(trial_id, [])
             self._flushed[trial_id] = time.monotonic()
-        tracker = self._trackers.get(trial_id)
+        tracker = None if self._interrupted else self._trackers.get(trial_id)
         if entries or tracker is not None:
             self.journal.put_steps(trial_id, entries,
                                    progress=dict(tracker.state) if tracker else None)

@@ -78,7 +78,8 @@ def _assert_clean_interruption(code: int, output: str, directory: Path) -> None:
     unfinished = [t for t in journal.trials() if t["status"] not in FINISHED]
     assert unfinished and all(t["status"] in ("stopped", "queued") for t in unfinished)
     stopped = [t for t in unfinished if t["status"] == "stopped"]
-    assert stopped and all(t["progress"]["interrupted"] for t in stopped)
+    assert stopped and all(t["progress"].get("interrupted") for t in stopped), [
+        (t["id"], t["status"], t["progress"], t["error"]) for t in journal.trials()]
     assert any(t["progress"]["step"] >= 1 for t in stopped)
     assert any(f"{t['id']} stopped in " in lines[-1] for t in stopped)
 
