@@ -214,3 +214,11 @@ def test_shell_commands_run_as_written(readme_server: str, sql_model_dir: Path, 
         ran.append(argv[:2])
     assert ["autoresearch", "run"] in ran and ["autoresearch", "status"] in ran
     assert ["autoresearch", "trial"] in ran and ["autoresearch", "report"] in ran
+
+
+def test_the_readmes_setup_step_count_is_the_makefiles():
+    makefile = (REPO / "Makefile").read_text()
+    steps = re.search(r"^STEPS := (\d+)$", makefile, re.MULTILINE)
+    assert steps, "the Makefile declares its number of set-up steps"
+    shown = re.findall(r"\[\d+/(\d+)\]", README.read_text())
+    assert shown and set(shown) == {steps.group(1)}, shown
