@@ -3,14 +3,15 @@
 `FakeGemini` is a local HTTP server speaking the Gemini API's `generateContent`, which
 `google-genai` reaches through `http_options.base_url`. `openai_transport` is an
 `httpx.MockTransport` for the `openai` SDK's `http_client`. Both replay a script of answers
-(a JSON text, or `SLOW` to hold the request past the client's timeout) and keep every request.
+(a JSON text, or `SLOW`) and keep every request. A `SLOW` answer never comes: the Gemini fake
+holds the request until it is closed, and the transport raises the client's own timeout, so a
+client returns only if its timeout works, with no clock in the test.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -20,24 +21,21 @@ SLOW = object()
 
 
 class Script:
-    def __init__(self, answers: list[Any], delay: float = 3.0):
+    def __init__(self, answers: list[Any]):
         self.answers = list(answers)
-        self.delay = delay
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
 
     def next(self, body: dict[str, Any], headers: dict[str, str]) -> Any:
         self.requests.append(body)
         self.headers.append(headers)
-        answer = self.answers.pop(0) if self.answers else SLOW
-        if answer is SLOW:
-            time.sleep(self.delay)
-        return answer
+        return self.answers.pop(0) if self.answers else SLOW
 
 
 class FakeGemini:
     def __init__(self, script: Script):
         self.script = script
+        self.released = threading.Event()
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -49,6 +47,7 @@ class FakeGemini:
                 body["_path"] = self.path
                 answer = fake.script.next(body, dict(self.headers))
                 if answer is SLOW:
+                    fake.released.wait(120)  # past any client timeout: no answer
                     return
                 payload = {"candidates": [{"content": {"role": "model",
                                                        "parts": [{"text": answer}]},
@@ -66,6 +65,7 @@ class FakeGemini:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
+        self.released.set()
         self.server.shutdown()
         self.server.server_close()
 

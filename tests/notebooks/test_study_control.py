@@ -66,6 +66,24 @@ class ScriptedExecutor:
         pass
 
 
+class WatchedControl(StudyControl):
+    """A control that says when a waiting trial has seen the study paused a few times: the
+    trial is then provably inside its wait, not merely not started yet."""
+
+    def __init__(self, directory: Path, polls: int = 3) -> None:
+        super().__init__(directory, poll_seconds=0.02)
+        self.polls, self.paused_reads = polls, 0
+        self.waiting = threading.Event()
+
+    def state(self):
+        state = super().state()
+        if state.paused and threading.current_thread() is not threading.main_thread():
+            self.paused_reads += 1
+            if self.paused_reads >= self.polls:
+                self.waiting.set()
+        return state
+
+
 def job(tmp_path: Path, trial_id: str = "t0001") -> TrialJob:
     return TrialJob(trial_id, Study(base_trial=TRIAL).base_trial, tmp_path / trial_id)
 
@@ -92,7 +110,7 @@ def test_requests_written_by_one_control_are_seen_by_another_on_the_same_directo
 
 
 def test_a_paused_trial_waits_after_its_current_step_and_goes_on_when_resumed(tmp_path):
-    control, inner = StudyControl(tmp_path, poll_seconds=0.02), ScriptedExecutor()
+    control, inner = WatchedControl(tmp_path), ScriptedExecutor()
     executor = ControlledExecutor(inner, control)
     seen: list[int] = []
 
@@ -103,7 +121,7 @@ def test_a_paused_trial_waits_after_its_current_step_and_goes_on_when_resumed(tm
 
     runner = threading.Thread(target=executor.run, args=(job(tmp_path), on_step))
     runner.start()
-    time.sleep(0.5)
+    assert control.waiting.wait(30), "the trial never waited on the pause"
     assert seen == [0] and runner.is_alive()
     control.resume()
     runner.join(10)
@@ -126,7 +144,7 @@ def test_a_stopped_trial_ends_at_its_next_step_after_its_step_was_recorded(tmp_p
 
 
 def test_a_queued_trial_does_not_start_while_paused_nor_once_the_study_is_stopped(tmp_path):
-    control, inner = StudyControl(tmp_path, poll_seconds=0.02), ScriptedExecutor()
+    control, inner = WatchedControl(tmp_path), ScriptedExecutor()
     executor = ControlledExecutor(inner, control)
     control.pause()
     raised: list[BaseException] = []
@@ -139,7 +157,7 @@ def test_a_queued_trial_does_not_start_while_paused_nor_once_the_study_is_stoppe
 
     runner = threading.Thread(target=run)
     runner.start()
-    time.sleep(0.3)
+    assert control.waiting.wait(30), "the queued trial never reached the pause"
     assert inner.steps == {} and runner.is_alive()
     control.stop()
     runner.join(5)

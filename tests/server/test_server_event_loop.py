@@ -4,7 +4,6 @@ checkpoint's adapter is read from disk once however often it is named."""
 from __future__ import annotations
 
 import threading
-import time
 
 import httpx
 from tinker import types
@@ -13,24 +12,30 @@ from tests.server.server_helpers import API_KEY, new_run
 
 
 def test_a_slow_request_does_not_stall_other_requests(tiny_server, monkeypatch):
+    """The health check is answered while another request is provably inside a service call
+    that does not return until the test lets it: no timing involved."""
     service = tiny_server.service
     real = service.weights_info
+    entered, release = threading.Event(), threading.Event()
 
-    def slow(*args, **kwargs):
-        time.sleep(3.0)
+    def held(*args, **kwargs):
+        entered.set()
+        assert release.wait(60), "the test never released the held call"
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(service, "weights_info", slow)
+    monkeypatch.setattr(service, "weights_info", held)
     headers = {"X-API-Key": API_KEY}
     slow_call = threading.Thread(target=lambda: httpx.post(
         f"{tiny_server.url}/api/v1/weights_info", headers=headers,
-        json={"tinker_path": "tinker://nowhere/weights/x"}, timeout=30))
+        json={"tinker_path": "tinker://nowhere/weights/x"}, timeout=90))
     slow_call.start()
-    time.sleep(0.3)
-    started = time.monotonic()
-    assert httpx.get(f"{tiny_server.url}/api/v1/healthz", timeout=30).status_code == 200
-    assert time.monotonic() - started < 1.5
-    slow_call.join()
+    try:
+        assert entered.wait(30), "the slow request never reached the service"
+        assert httpx.get(f"{tiny_server.url}/api/v1/healthz", timeout=30).status_code == 200
+        assert slow_call.is_alive() and not release.is_set()  # answered while it was held
+    finally:
+        release.set()
+        slow_call.join(90)
 
 
 def test_a_checkpoint_adapter_is_loaded_once_for_many_samples(tiny_server, service_client,

@@ -383,15 +383,14 @@ def test_run_quota_refuses_the_next_run_at_once_and_leaves_other_keys_alone(
         with tinker.ServiceClient(base_url=server.url, api_key="tml-alpha") as alpha, \
                 tinker.ServiceClient(base_url=server.url, api_key="tml-beta") as beta:
             new_run(alpha, base_model, seed=1)
-            started = time.monotonic()
             with pytest.raises(tinker.APIStatusError) as refused:
                 new_run(alpha, base_model, seed=2)
-            assert time.monotonic() - started < 5, "the SDK should not retry a quota refusal"
             assert refused.value.status_code == 429
             assert isinstance(refused.value, tinker.RateLimitError)
             assert "limit" in str(refused.value)
             other = new_run(beta, base_model, seed=3)
             assert other.get_info().model_data.model_name == base_model
+        # Refused once: the SDK did not retry the refusal (each retry would count again).
         assert metric(server, "autoresearch_backpressure_rejections_total",
                       {"reason": "max_runs"}) == 1
     finally:
