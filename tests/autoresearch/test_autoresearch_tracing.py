@@ -24,15 +24,19 @@ class FakeWeave(types.ModuleType):
     def init(self, project: str) -> None:
         self.projects.append(project)
 
-    def op(self, name: str):
+    def op(self, func=None, *, name: str | None = None, **settings):
+        """`weave.op`'s own signature: used bare (`@weave.op`) or called with keywords."""
+
         def wrap(fn):
+            label = name or fn.__name__
+
             def traced(*args, **kwargs):
-                self.calls.append(name)
+                self.calls.append(label)
                 return fn(*args, **kwargs)
 
             return traced
 
-        return wrap
+        return wrap(func) if func is not None else wrap
 
 
 @pytest.fixture

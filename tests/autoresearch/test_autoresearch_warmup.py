@@ -157,3 +157,20 @@ def test_the_wall_clock_budget_does_not_count_the_time_the_study_was_down(tmp_pa
     down = [e for e in Journal(tmp_path / "a", read_only=True).events()
             if (e["data"] or {}).get("down_seconds")]
     assert len(down) == 1 and down[0]["data"]["down_seconds"] >= 600
+
+
+def test_remote_checkpoint_exists_asks_the_server_itself(sql_server, sql_model_dir):
+    """Against a real server: a saved checkpoint exists, a missing one and another key's do
+    not."""
+    import tinker
+
+    from autoresearch.study.warmup import remote_checkpoint_exists
+    from tests.server.server_helpers import new_run
+
+    with tinker.ServiceClient(base_url=sql_server.url, api_key="tml-warmup-owner") as service:
+        run = new_run(service, str(sql_model_dir), seed=3)
+        saved = run.save_state("warm").result().path
+    assert remote_checkpoint_exists(sql_server.url, "tml-warmup-owner", saved)
+    assert not remote_checkpoint_exists(sql_server.url, "tml-warmup-owner",
+                                        saved.replace("/warm", "/never-saved"))
+    assert not remote_checkpoint_exists(sql_server.url, "tml-someone-else", saved)
