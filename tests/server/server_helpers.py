@@ -268,6 +268,15 @@ class EngineProbe:
         self.engine.sample = self._sample
 
 
+def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
+    """Poll `predicate` until it holds; `TimeoutError` naming `what` if it never does."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what or 'the condition'}")
+        time.sleep(0.01)
+
+
 def wait_queued(scheduler, expected: dict[str, int], timeout: float = 30.0) -> None:
     """Block until each queue has at least `expected[name]` requests waiting (a run id, or
     `_sampling` for sample requests)."""

@@ -35,6 +35,7 @@ from tests.server.server_helpers import (
     sft_datum,
     start_server,
     wait_queued,
+    wait_until,
 )
 
 redis = pytest.importorskip("redis", reason="the Python Redis client is not installed (pip "
@@ -305,11 +306,10 @@ def test_training_and_sampling_end_to_end_through_the_gateways(
                      if not p.name.startswith(".")]
         assert snapshots and all((p / "adapter_model.safetensors").exists() for p in snapshots)
     # The session ended: its sampling sessions leave Redis and their snapshots the storage.
-    deadline = time.monotonic() + 30
-    while any(p.exists() for p in snapshots) or list(
-            cluster.redis.scan_iter(match=f"ar:sampler-session:{client.model_id.split(':')[0]}*")):
-        assert time.monotonic() < deadline, "the ended session's snapshots were never freed"
-        time.sleep(0.1)
+    session_keys = f"ar:sampler-session:{client.model_id.split(':')[0]}*"
+    wait_until(lambda: not any(p.exists() for p in snapshots)
+               and not list(cluster.redis.scan_iter(match=session_keys)),
+               what="the ended session's snapshots and sampling sessions to be freed")
     with _sdk(cluster.gateways[1].url) as svc:
         base = svc.create_sampling_client(base_model=base_model)
         base_scored = base.compute_logprobs(prompt).result()

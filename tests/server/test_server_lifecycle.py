@@ -8,7 +8,6 @@ no file behind. Dedup records stay bounded, and a named checkpoint whose TTL pas
 from __future__ import annotations
 
 import datetime as dt
-import time
 
 import httpx
 import pytest
@@ -19,7 +18,13 @@ from server.service.lifecycle import LifecyclePolicy
 from server.service.service import Limits
 from server.storage.checkpoints import TinkerPath
 from server.storage.spill import spill_path
-from tests.server.server_helpers import API_KEY, new_run, sft_datum, start_server
+from tests.server.server_helpers import (
+    API_KEY,
+    new_run,
+    sft_datum,
+    start_server,
+    wait_until,
+)
 
 TIMEOUT = 60
 
@@ -72,11 +77,6 @@ def sampler_id_of(client: tinker.SamplingClient) -> str:
     return client._sampling_session_id
 
 
-def wait_until(condition, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition never held"
-        time.sleep(0.1)
 
 
 def test_snapshots_are_capped_per_run_and_a_freed_one_says_so(server, svc, base_model,

@@ -35,6 +35,7 @@ from tests.server.server_helpers import (
     sft_step,
     start_server,
     wait_queued,
+    wait_until,
 )
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -80,14 +81,6 @@ def batches_with_several_runs(server, kind: str) -> float:
     total = metric(server, "autoresearch_batch_runs_count", {"kind": kind})
     single = metric(server, "autoresearch_batch_runs_bucket", {"kind": kind, "le": "1.0"})
     return total - single
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def sft_data(sequences: list[list[int]], shift: int) -> list[types.Datum]:
