@@ -1,5 +1,5 @@
-"""Suite-wide set-up: tests write only into their own directories, and the end of the run says
-which tests a missing system package skipped and the one command that installs it.
+"""Suite-wide set-up: tests write only into their own directories, and the end of the run names
+every reason a test was skipped, and for a missing system package the command that installs it.
 
 Caches: the converted Gemma model (about 1.1 GB, about 100 s to convert) is shared by every test
 session of this checkout in `.cache/test-models` (git-ignored), never the user's
@@ -71,11 +71,26 @@ def _reason(report: pytest.TestReport) -> str:
     return str(longrepr or "")
 
 
+def skip_reasons(reasons: list[str]) -> dict[str, int]:
+    """Each distinct skip reason (without pytest's "Skipped: " prefix) and how many tests gave
+    it."""
+    counts: dict[str, int] = {}
+    for reason in reasons:
+        text = reason.removeprefix("Skipped: ").strip()
+        counts[text] = counts.get(text, 0) + 1
+    return counts
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    """Note the skips for missing system packages; they are printed last (`pytest_unconfigure`),
-    after pytest's own summary line, where a user looks."""
+    """Note every skip reason, and the install command for missing system packages; printed
+    last (`pytest_unconfigure`), after pytest's own summary line, where a user looks."""
     skipped = terminalreporter.stats.get("skipped", [])
-    counts = missing_packages([_reason(r) for r in skipped])
+    reasons = [_reason(r) for r in skipped]
+    if reasons:
+        _closing_lines.append(f"{len(reasons)} test(s) skipped, for these reasons:")
+        _closing_lines.extend(f"  {n} x {reason}" for reason, n in
+                              sorted(skip_reasons(reasons).items(), key=lambda kv: -kv[1]))
+    counts = missing_packages(reasons)
     if not counts:
         return
     packages = " ".join(sorted(counts))
