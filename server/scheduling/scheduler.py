@@ -286,9 +286,12 @@ class Scheduler:
         Runs come in round-robin order; a run's consecutive chunks join while its key has
         share left, and every key gets at least its first ready request in, so a key whose
         burst fills its quota delays another key's call by at most one batch of its share.
+        The share applies only while several keys have work ready: one key's runs alone (a
+        study's parallel trials) fuse as fully as the batch limits allow.
         """
         batch, rows = [], 0
         used: collections.Counter[str] = collections.Counter()
+        share = self.key_share_tokens if len({h.owner for h in heads}) > 1 else None
         for head in heads:
             if self.max_fused_runs is not None and len(batch) >= self.max_fused_runs:
                 break
@@ -297,7 +300,8 @@ class Scheduler:
                 count = len(work.job.data)
                 if batch and rows + count > self.max_fused_rows:
                     break
-                if used[work.owner] and used[work.owner] + work.tokens > self.key_share_tokens:
+                over = share is not None and used[work.owner] + work.tokens > share
+                if used[work.owner] and over:
                     break
                 batch.append(work)
                 rows += count

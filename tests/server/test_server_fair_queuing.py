@@ -79,7 +79,9 @@ def test_a_training_burst_of_one_key_does_not_ride_with_another_keys_call():
     burst_tokens = sum(t for owner, t in with_victim if owner == "burst")
     assert burst_tokens <= 1000, with_victim
     assert engine.batches.index(with_victim) == 1  # the first batch after the held one
-    for batch in engine.batches:
+    for batch in engine.batches:  # a batch that two keys share holds each within its share
+        if len({owner for owner, _ in batch}) < 2:
+            continue
         per_key: dict[str, int] = {}
         for owner, tokens in batch:
             per_key[owner] = per_key.get(owner, 0) + tokens
@@ -111,3 +113,26 @@ def test_sample_requests_are_taken_round_robin_across_keys():
     finally:
         scheduler.stop()
     assert ("victim", 2) in engine.batches[1], engine.batches[:3]
+
+
+def test_one_keys_runs_alone_fuse_without_a_share():
+    """The share is for sharing: a study's parallel trials under one key still fuse fully."""
+    engine = RecordingEngine()
+    scheduler = _scheduler(engine, share=1000)
+    done = threading.Semaphore(0)
+    try:
+        scheduler.open_stream("hold")
+        scheduler.submit_ordered(Work("hold", "fb", lambda *_: done.release(),
+                                      job=_job("study", 1), seq_id=1, tokens=1, owner="study"))
+        assert engine.entered.wait(10)
+        for run in ("trial-1", "trial-2", "trial-3"):
+            scheduler.open_stream(run)
+            scheduler.submit_ordered(Work(run, "fb", lambda *_: done.release(),
+                                          job=_job("study", 900), seq_id=1, tokens=900,
+                                          owner="study"))
+        engine.gate.set()
+        for _ in range(4):
+            assert done.acquire(timeout=30)
+    finally:
+        scheduler.stop()
+    assert engine.batches[1] == [("study", 900)] * 3
