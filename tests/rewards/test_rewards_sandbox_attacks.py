@@ -1,7 +1,11 @@
-"""Every attack class scores zero, within the time bound, and leaves no file behind."""
+"""Every attack class scores zero with a failure outcome and leaves no file behind.
+
+An attack that would run forever ends because the pool kills its worker past the deadline
+(outcome `timeout`); a hang is caught by the per-test timeout below. How long attacks take,
+against the deadline, is measured in `bench/bench_sandbox.py`, not asserted here, so a loaded
+machine cannot fail the test."""
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +19,9 @@ INSERT INTO shops VALUES (1, 'Ava', 10.5), (2, 'Bo', 20.25), (3, 'Cy', 30.0), (4
 """
 GOLD = "SELECT name FROM shops WHERE area > 10"
 LIMITS = SandboxLimits(timeout_s=1.0, kill_grace_s=1.0, address_space_mb=1536, max_rows=1000)
-BOUND_S = 2 * LIMITS.timeout_s + LIMITS.kill_grace_s + 1.5  # the pool's kill deadline, plus IPC
+FAILURES = {"syntax", "unknown_table", "refused", "error", "timeout", "memory", "too_large",
+            "no_sql", "crashed"}
+pytestmark = pytest.mark.timeout(300)  # a hang guard only: the kill deadline is about 3 s
 GENEROUS = RewardConfig(
     weights=RewardWeights(format=1, parses=1, executes=1, result=1, columns=1, rows=1, length=1)
 )
@@ -36,14 +42,12 @@ def pool():
 
 
 @pytest.mark.parametrize(("kind", "name", "sql"), ATTACKS, ids=[f"{k}: {n}" for k, n, _ in ATTACKS])
-def test_attack_scores_zero_in_bounded_time_without_files(pool, kind, name, sql):
+def test_attack_scores_zero_without_files(pool, kind, name, sql):
     cwd_before = set(os.listdir("."))
     assert pool.ready(timeout=120)  # a worker replaced after the previous attack is up again
-    started = time.monotonic()
     result = pool.score(sql, TASK, GENEROUS)
-    elapsed = time.monotonic() - started
     assert result.total == 0.0 and not result.correct, result
-    assert elapsed < BOUND_S
+    assert result.outcome in FAILURES, result
     assert sorted(p.name for p in SCRATCH.iterdir()) == ["secret.csv"]
     assert set(os.listdir(".")) == cwd_before
     assert "secret-value" not in (result.error or "")
