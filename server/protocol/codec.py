@@ -81,37 +81,23 @@ def declared_shape(msg: pb.Tensor, label: str, positions: int) -> list[int]:
     if not shape:
         return shape
     if len(shape) > 2 or any(s < 0 for s in shape):
-        raise WireError(
-            f"{label}: shape {shape} is not [N] or [N, K] (N = positions)"
-        )
+        raise WireError(f"{label}: shape {shape} is not [N] or [N, K] (N = positions)")
     if shape[0] != positions:
-        raise WireError(
-            f"{label} has length {shape[0]}, but model_input has "
-            f"{positions} tokens"
-        )
+        raise WireError(f"{label} has length {shape[0]}, but model_input has {positions} tokens")
     if len(shape) == 2 and not 1 <= shape[1] <= MAX_TARGETS_PER_POSITION:
         raise WireError(
-            f"{label}: {shape[1]} values per position; the limit is "
-            f"{MAX_TARGETS_PER_POSITION}"
+            f"{label}: {shape[1]} values per position; the limit is {MAX_TARGETS_PER_POSITION}"
         )
     return shape
 
 
-def decode_tensor(msg: pb.Tensor, name: str, positions: int | None = None) -> np.ndarray:
-    """A dense numpy array from a proto Tensor (dense or sparse CSR).
-
-    With `positions`, the declared shape is checked against the datum first (see
-    `declared_shape`); the dense size is only allocated once it is known to be bounded.
-    """
+def decode_tensor(msg: pb.Tensor, name: str, shape: list[int], positions: int) -> np.ndarray:
+    """A dense numpy array from a proto Tensor (dense or sparse CSR), whose declared `shape`
+    `declared_shape` has already checked against the datum's `positions`: the dense size is
+    only allocated once it is known to be bounded."""
     dtype = _PROTO_TO_NUMPY.get(msg.dtype)
     if dtype is None:
         raise WireError(f"loss_fn_inputs[{name!r}]: unsupported dtype {msg.dtype}")
-    if positions is not None:
-        shape = declared_shape(msg, f"loss_fn_inputs[{name!r}]", positions)
-    else:
-        shape = [int(s) for s in msg.shape]
-        if any(s < 0 for s in shape) or _elements(shape) > MAX_REQUEST_ELEMENTS:
-            raise WireError(f"loss_fn_inputs[{name!r}]: invalid shape {shape}")
     if msg.HasField("sparse_csr"):
         if len(shape) != 2:
             raise WireError(f"loss_fn_inputs[{name!r}]: sparse tensors must be 2-D")
@@ -136,8 +122,7 @@ def decode_tensor(msg: pb.Tensor, name: str, positions: int | None = None) -> np
     flat = _frombuffer(msg.dense, dtype, name)
     if not shape:
         shape = [flat.size]
-        if positions is not None:
-            declared_shape(pb.Tensor(shape=shape), f"loss_fn_inputs[{name!r}]", positions)
+        declared_shape(pb.Tensor(shape=shape), f"loss_fn_inputs[{name!r}]", positions)
     if _elements(shape) != flat.size:
         raise WireError(f"loss_fn_inputs[{name!r}]: {flat.size} values do not fill shape {shape}")
     return flat.reshape(shape).astype(dtype.newbyteorder("="))
@@ -220,17 +205,19 @@ def _decode_data(msg: pb.ForwardBackwardRequest) -> list[Datum]:
     declared = 0
     for i, datum in enumerate(msg.data):
         tokens = decode_tokens(datum, i)
-        for name, tensor in datum.loss_fn_inputs.items():
-            label = f"data[{i}].loss_fn_inputs[{name!r}]"
-            shape = declared_shape(tensor, label, len(tokens)) or [len(tokens)]
-            declared += _elements(shape)
+        shapes = {
+            name: declared_shape(tensor, f"data[{i}].loss_fn_inputs[{name!r}]", len(tokens))
+            for name, tensor in datum.loss_fn_inputs.items()
+        }
+        declared += sum(_elements(shape or [len(tokens)]) for shape in shapes.values())
         if declared > MAX_REQUEST_ELEMENTS:
             raise WireError(
                 f"the request's loss inputs declare {declared} values in all; the limit is "
                 f"{MAX_REQUEST_ELEMENTS} (split the batch into several forward_backward calls)"
             )
         inputs = {
-            name: decode_tensor(t, name, len(tokens)) for name, t in datum.loss_fn_inputs.items()
+            name: decode_tensor(t, name, shapes[name], len(tokens))
+            for name, t in datum.loss_fn_inputs.items()
         }
         spans = None
         if len(datum.loss_fn_input_spans):
