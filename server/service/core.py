@@ -102,6 +102,18 @@ class ServiceCore:
         self._seen(run_id)
         return run
 
+    def _retire_run(self, run_id: str, why: str) -> Run | None:
+        """Take a run out of service: its pending requests fail with `why`, its order and
+        dedup records go. Its resident state is the caller's to free (on the engine thread)."""
+        run = self.runs.get(run_id)
+        if run is None:
+            return None
+        self.scheduler.close_stream(run_id, why)
+        del self.runs[run_id]
+        for seq_id in self._dedup_order.pop(run_id, ()):
+            self._dedup.pop((run_id, seq_id), None)
+        return run
+
     def _seen(self, scoped_id: str) -> None:
         """A request for a run or sampler keeps its session alive, like a heartbeat."""
         session = self.sessions.get(scoped_id.split(":", 1)[0])

@@ -76,7 +76,6 @@ def parse_json_object(raw: bytes) -> RequestBody:
     return RequestBody(value)
 
 
-
 MAX_TTL_SECONDS = 10 * 365 * 24 * 3600
 """Ten years: a TTL beyond it is refused rather than overflowing the date it sets."""
 

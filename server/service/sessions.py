@@ -66,12 +66,9 @@ class SessionRequests(ServiceCore):
     def _free_run(self, run_id: str, reason: str) -> None:
         """Forget a run entirely (its checkpoints and run record on disk stay): its stream,
         dedup records, resident state and spill file. Runs on the engine thread."""
-        run = self.runs.pop(run_id, None)
+        run = self._retire_run(run_id, f"training run {run_id} was freed because {reason}")
         if run is None:
             return
-        self.scheduler.close_stream(run_id, f"training run {run_id} was freed because {reason}")
-        for seq_id in self._dedup_order.pop(run_id, ()):
-            self._dedup.pop((run_id, seq_id), None)
         self.residency.forget(run)
         log.info("freed run %s: %s", run_id, reason)
 

@@ -162,10 +162,7 @@ class TrainingRequests(RunOrdering):
     def delete_run(self, owner: str, run_id: str) -> None:
         """Free a run: pending requests fail, memory is released, checkpoints stay."""
         run = self._run(owner, run_id)
-        self.scheduler.close_stream(run_id, f"training run {run_id} was deleted")
-        del self.runs[run_id]
-        for seq_id in self._dedup_order.pop(run_id, ()):
-            self._dedup.pop((run_id, seq_id), None)
+        self._retire_run(run_id, f"training run {run_id} was deleted")
 
         def free() -> None:
             self.residency.forget(run)
