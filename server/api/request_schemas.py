@@ -11,7 +11,7 @@ client that sends an extra key is not refused for it.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Annotated, Any
 
 import pydantic
 from tinker import types
@@ -43,14 +43,8 @@ def _field_adapter(model: type[pydantic.BaseModel], name: str) -> pydantic.TypeA
         return None
     annotation: Any = info.annotation
     if info.metadata:
-        annotation = _annotated(annotation, info.metadata)
+        annotation = Annotated[(annotation, *info.metadata)]
     return pydantic.TypeAdapter(annotation)
-
-
-def _annotated(annotation: Any, metadata: list[Any]) -> Any:
-    from typing import Annotated
-
-    return Annotated[(annotation, *metadata)]
 
 
 def check_fields(route: str, body: dict[str, Any]) -> None:

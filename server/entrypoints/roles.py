@@ -97,8 +97,8 @@ def run_trainer(args: argparse.Namespace) -> None:
     app = health_app("autoresearch trainer", worker.readiness, service.metrics.render)
     try:
         uvicorn.run(
-        app, host=args.host, port=args.port, log_level="warning", http=HeaderTimeoutProtocol
-    )
+            app, host=args.host, port=args.port, log_level="warning", http=HeaderTimeoutProtocol
+        )
     finally:
         worker.stop()
 
@@ -142,8 +142,8 @@ def run_sampler(args: argparse.Namespace) -> None:
     app = health_app("autoresearch sampler", worker.readiness, metrics.render)
     try:
         uvicorn.run(
-        app, host=args.host, port=args.port, log_level="warning", http=HeaderTimeoutProtocol
-    )
+            app, host=args.host, port=args.port, log_level="warning", http=HeaderTimeoutProtocol
+        )
     finally:
         worker.stop()
 
