@@ -33,6 +33,7 @@ from tests.server.server_helpers import (
     new_run,
     output_logprobs,
     sft_datum,
+    start_redis,
     start_server,
     wait_queued,
     wait_until,
@@ -139,13 +140,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("distributed")
-    redis_port = _free_port()
-    redis_server = subprocess.Popen(
-        ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(root)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )
-    url = f"redis://127.0.0.1:{redis_port}/0"
+    redis_server, url = start_redis(root)
     client = redis.Redis.from_url(url)
     data_dir = root / "data"
     model = ["--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32",
@@ -156,9 +151,6 @@ def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     processes: list[Process] = []
     cluster = None
     try:
-        deadline = time.monotonic() + 10
-        while not _pings(client) and time.monotonic() < deadline:
-            time.sleep(0.05)
         gateways = [Process(["gateway", *common], root / f"gateway-{i}.log", _free_port()).start()
                     for i in range(2)]
         sampler = Process(["sampler", *common, *model, "--worker-id", "sampler-0"],
@@ -179,13 +171,6 @@ def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
             process.stop()
         redis_server.terminate()
         redis_server.wait(timeout=30)
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
 
 
 @pytest.fixture(scope="module")

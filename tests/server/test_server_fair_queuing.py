@@ -51,25 +51,33 @@ def _scheduler(engine: RecordingEngine, share: int) -> Scheduler:
     return scheduler
 
 
+def _train(scheduler: Scheduler, done: threading.Semaphore, run: str, owner: str,
+           tokens: int, seq_id: int = 1) -> None:
+    """Queue one forward_backward of `tokens` for `owner`'s `run` (its stream opened once)."""
+    if seq_id == 1:
+        scheduler.open_stream(run)
+    scheduler.submit_ordered(Work(run, "fb", lambda *_: done.release(),
+                                  job=_job(owner, tokens), seq_id=seq_id, tokens=tokens,
+                                  owner=owner))
+
+
+def _hold(scheduler: Scheduler, engine: RecordingEngine, done: threading.Semaphore,
+          owner: str) -> None:
+    """Put the engine inside a first batch, so what is queued next is taken in one turn."""
+    _train(scheduler, done, "hold", owner, 1)
+    assert engine.entered.wait(10)
+
+
 def test_a_training_burst_of_one_key_does_not_ride_with_another_keys_call():
     engine = RecordingEngine()
     scheduler = _scheduler(engine, share=1000)
     done = threading.Semaphore(0)
     try:
-        scheduler.open_stream("hold")
-        scheduler.submit_ordered(Work("hold", "fb", lambda *_: done.release(),
-                                      job=_job("holder", 1), seq_id=1, tokens=1, owner="holder"))
-        assert engine.entered.wait(10)
+        _hold(scheduler, engine, done, "holder")
         for run in ("burst-1", "burst-2", "burst-3"):
-            scheduler.open_stream(run)
             for seq in range(1, 11):
-                scheduler.submit_ordered(Work(run, "fb", lambda *_: done.release(),
-                                              job=_job("burst", 400), seq_id=seq, tokens=400,
-                                              owner="burst"))
-        scheduler.open_stream("victim")
-        scheduler.submit_ordered(Work("victim", "fb", lambda *_: done.release(),
-                                      job=_job("victim", 50), seq_id=1, tokens=50,
-                                      owner="victim"))
+                _train(scheduler, done, run, "burst", 400, seq)
+        _train(scheduler, done, "victim", "victim", 50)
         engine.gate.set()
         for _ in range(1 + 30 + 1):
             assert done.acquire(timeout=30)
@@ -121,15 +129,9 @@ def test_one_keys_runs_alone_fuse_without_a_share():
     scheduler = _scheduler(engine, share=1000)
     done = threading.Semaphore(0)
     try:
-        scheduler.open_stream("hold")
-        scheduler.submit_ordered(Work("hold", "fb", lambda *_: done.release(),
-                                      job=_job("study", 1), seq_id=1, tokens=1, owner="study"))
-        assert engine.entered.wait(10)
+        _hold(scheduler, engine, done, "study")
         for run in ("trial-1", "trial-2", "trial-3"):
-            scheduler.open_stream(run)
-            scheduler.submit_ordered(Work(run, "fb", lambda *_: done.release(),
-                                          job=_job("study", 900), seq_id=1, tokens=900,
-                                          owner="study"))
+            _train(scheduler, done, run, "study", 900)
         engine.gate.set()
         for _ in range(4):
             assert done.acquire(timeout=30)
