@@ -149,6 +149,11 @@ class MultiLoRALinear(nn.Module):
         super().__init__()
         self.base = base
         self.name = name
+        self.out_dtype: torch.dtype | None = (
+            torch.float32 if name.rsplit(".", 1)[-1] in UNEMBED_MODULES else None
+        )
+        """The dtype of routed outputs: float32 for the output head, whose logits are read in
+        float32 anyway, so an fp32 adapter's delta reaches them unrounded; else the base's."""
 
     @property
     def weight(self) -> torch.Tensor:  # keeps tied-weight and dtype lookups working
@@ -163,43 +168,64 @@ class MultiLoRALinear(nn.Module):
         return self.base.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:
+            return self._forward_2d(x, 1)
+        # As one `[tokens, features]` matrix: a strided 3-D input (the last position of each
+        # row, as a prefill's output head gets) would make `matmul` broadcast the weight into a
+        # copy per row (2.7 GB for the head of 8 rows), and each token's product comes from the
+        # same 2-D kernel whatever the batch's shape.
+        shape = x.shape
+        flat = self._forward_2d(x.reshape(-1, shape[-1]), math.prod(shape[1:-1]))
+        return flat.view(*shape[:-1], flat.shape[-1])
+
+    def _forward_2d(self, x: torch.Tensor, per_row: int) -> torch.Tensor:
+        """`x` is `[rows * per_row, features]`: the routing's batch rows, `per_row` tokens each."""
         out = self.base(x)
         plan = _ROUTING.get()
         if plan is None or not plan.routed:
             return out
-        routed = [g for g in plan.routed if self.name in g.adapter.a]
+        routed = [
+            RowGroup(g.adapter, g.start * per_row, g.stop * per_row)
+            for g in plan.routed
+            if self.name in g.adapter.a
+        ]
         if not routed:
             return out
+        final = self.out_dtype or out.dtype
         if len(routed) == 1 and routed[0].start == 0 and routed[0].stop == x.shape[0]:
-            return out + self._delta(x, routed[0].adapter, out.dtype)
-        return self._grouped(x, out, routed)
+            return (out + self._delta(x, routed[0].adapter)).to(final)
+        return self._grouped(x, out, routed).to(final)
 
     def _grouped(self, x: torch.Tensor, out: torch.Tensor, routed: list[RowGroup]) -> torch.Tensor:
         """Each group's delta from its own rows and its own adapter only (a segmented product);
-        rows of no adapter get nothing added."""
+        rows of no adapter get nothing added. With and without gradients a row's value is the
+        same `out + delta` summed in float32, so scoring and training agree to the bit."""
         batch = x.shape[0]
         if not torch.is_grad_enabled():
+            if self.out_dtype is not None:
+                out = out.to(self.out_dtype)
             for group in routed:
                 rows = x[group.start : group.stop]
-                out[group.start : group.stop] += self._delta(rows, group.adapter, out.dtype)
+                out[group.start : group.stop] += self._delta(rows, group.adapter)
             return out
         # One out-of-place add of the deltas stacked along the batch: in-place adds on row
         # slices would make autograd copy the whole output gradient once per group.
         pieces, cursor = [], 0
         for group in sorted(routed, key=lambda g: g.start):
+            delta = self._delta(x[group.start : group.stop], group.adapter)
             if group.start > cursor:
-                pieces.append(out.new_zeros((group.start - cursor, *out.shape[1:])))
-            pieces.append(self._delta(x[group.start : group.stop], group.adapter, out.dtype))
+                pieces.append(delta.new_zeros((group.start - cursor, *out.shape[1:])))
+            pieces.append(delta)
             cursor = group.stop
         if cursor < batch:
-            pieces.append(out.new_zeros((batch - cursor, *out.shape[1:])))
+            pieces.append(pieces[-1].new_zeros((batch - cursor, *out.shape[1:])))
         return out + torch.cat(pieces)
 
-    def _delta(self, x: torch.Tensor, adapter: AdapterWeights, dtype: torch.dtype) -> torch.Tensor:
-        """`scale * B(A(x))` for these rows, scaling the rank-r intermediate rather than the
-        (possibly vocabulary-wide) output."""
+    def _delta(self, x: torch.Tensor, adapter: AdapterWeights) -> torch.Tensor:
+        """`scale * B(A(x))` for these rows in the adapter's dtype (float32), scaling the rank-r
+        intermediate rather than the (possibly vocabulary-wide) output."""
         a, b = adapter.a[self.name], adapter.b[self.name]
-        return (((x.to(a.dtype) @ a.T) * adapter.spec.scale) @ b.T).to(dtype)
+        return ((x.to(a.dtype) @ a.T) * adapter.spec.scale) @ b.T
 
 
 def wrap_model(model: nn.Module) -> dict[str, MultiLoRALinear]:

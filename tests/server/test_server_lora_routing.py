@@ -125,7 +125,7 @@ def test_the_output_head_in_checkpointed_chunks_gives_the_same_loss_and_gradient
     from server.engine.model_loading import load_base_model
     from server.protocol.codec import Datum
 
-    engine = Engine(load_base_model(str(tiny_model_dir), device="cpu"))
+    engine = Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"))
     rng = np.random.default_rng(0)
     data = []
     for length in (90, 70, 60):  # 220 positions: several chunks of 64
