@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.utils.checkpoint
 
-from server.engine import decoding, host_decoding, losses, prefix_sharing
+from server.engine import decoding, host_decoding, losses, packed_attention, prefix_sharing
 from server.engine.lora import AdapterWeights, LoraSpec, RowGroup, new_adapter, routing, wrap_model
 from server.engine.model_loading import LoadedModel
 from server.protocol.codec import Datum, SampledSequence, SampleResult
@@ -165,6 +165,7 @@ class Engine:
         self.model_name = loaded.model_name
         self.device = loaded.device
         self.dtype = loaded.dtype
+        self.dtype_reason = loaded.dtype_reason
         self.model_origin = loaded.origin or loaded.model_name
         self.layers = wrap_model(self.model)
         config = self.model.config
@@ -195,14 +196,13 @@ class Engine:
         `host_decoding`, kept as the reference a benchmark compares with."""
         self._layer_types = set(getattr(config, "layer_types", None) or [])
         self._sliding_window = getattr(config, "sliding_window", None)
-        attn = getattr(config, "_attn_implementation", None)
-        # Packed rows need per-layer-type 4-D masks, which Gemma 3 takes with SDPA or eager.
+        # Packed rows need per-layer-type layouts, which Gemma 3's SDPA or eager attention takes
+        # through `packed_attention`.
         self._can_pack = (
             bool(self._layer_types)
             and self._layer_types <= {"sliding_attention", "full_attention"}
-            and attn in ("sdpa", "eager")
+            and packed_attention.install(self.model)
         )
-        self._additive_masks = attn == "eager"
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -564,8 +564,8 @@ class Engine:
 
     def _packed_inputs(
         self, packed: list[prefix_sharing.PackedRow]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """Padded `[rows, width]` tokens, positions, real-position mask, and attention masks."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, packed_attention.PackedLayout]]:
+        """Padded `[rows, width]` tokens, positions, real-position mask, and attention layouts."""
         width = max(len(r.tokens) for r in packed)
         tokens = torch.zeros((len(packed), width), dtype=torch.long)
         positions = torch.zeros((len(packed), width), dtype=torch.long)
@@ -577,15 +577,16 @@ class Engine:
             segments[k, :n] = torch.from_numpy(row.segments)
             positions[k, n:] = torch.arange(width - n) + int(row.positions.max()) + 1
         real = segments >= 0
-        masks = prefix_sharing.attention_masks(
-            segments.to(self.device),
-            positions.to(self.device),
-            real.to(self.device),
-            self._layer_types,
-            self._sliding_window,
-            self.dtype if self._additive_masks else None,
-        )
-        return tokens, positions, real, masks
+        segments, positions = segments.to(self.device), positions.to(self.device)
+        layouts = {
+            layer_type: packed_attention.PackedLayout(
+                segments,
+                positions,
+                self._sliding_window if layer_type == prefix_sharing.SLIDING else None,
+            )
+            for layer_type in self._layer_types
+        }
+        return tokens, positions, real, layouts
 
     def _run_packed(
         self,
@@ -603,7 +604,7 @@ class Engine:
         so the losses see exactly what they see without sharing.
         """
         dev = self.device
-        tokens, positions, real, masks = self._packed_inputs(packed)
+        tokens, positions, real, layouts = self._packed_inputs(packed)
         n_rows, width = tokens.shape
         # Rows of one adapter are adjacent (the planner groups them by key).
         row_groups: list[RowGroup] = []
@@ -649,7 +650,7 @@ class Engine:
             with routing(row_groups):
                 hidden = self._body(
                     input_ids=tokens.to(dev),
-                    attention_mask=masks,
+                    attention_mask=layouts,
                     position_ids=positions.to(dev),
                     use_cache=False,
                 ).last_hidden_state

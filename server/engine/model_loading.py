@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from server.engine.hardware import DtypeChoice, choose_dtype
+
 log = logging.getLogger(__name__)
 
 EMBEDDED_MODEL_NAME = "google/gemma-3-270m"
@@ -42,6 +44,8 @@ class LoadedModel:
     source: str
     origin: str = ""
     """What the resident weights really are (e.g. a dequantized GGUF), for get_info."""
+    dtype_reason: str = ""
+    """Why the weights are served in `dtype` (detected bf16 instructions, a request)."""
 
 
 def default_cache_dir() -> Path:
@@ -62,21 +66,23 @@ def pick_device(requested: str | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-def parse_dtype(name: str | None, device: torch.device) -> torch.dtype:
-    """fp32 on CPU (fast and exact for small models), bf16 on accelerators, unless asked."""
+DTYPE_NAMES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def parse_dtype(name: str | None, device: torch.device) -> DtypeChoice:
+    """The requested dtype, or on `auto` the device's fast one (`hardware.choose_dtype`)."""
     if name in (None, "", "auto"):
-        return torch.float32 if device.type == "cpu" else torch.bfloat16
-    table = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-    }
-    if name not in table:
-        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(table)}")
-    return table[name]
+        return choose_dtype(device)
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(DTYPE_NAMES)}")
+    return DtypeChoice(DTYPE_NAMES[name], f"requested with --dtype {name}")
 
 
 def is_embedded(model_id: str | None) -> bool:
@@ -165,7 +171,8 @@ def load_base_model(
 
     started = time.perf_counter()
     dev = pick_device(device)
-    torch_dtype = parse_dtype(dtype, dev)
+    choice = parse_dtype(dtype, dev)
+    torch_dtype = choice.dtype
     if is_embedded(model_id):
         path, converted = ensure_embedded_cache(cache_dir)
         source = "gguf" if converted else "cache"
@@ -181,6 +188,11 @@ def load_base_model(
     for param in model.parameters():
         param.requires_grad_(False)
     seconds = time.perf_counter() - started
-    log.info("loaded %s from %s on %s/%s in %.1fs", name, source, dev, torch_dtype, seconds)
-    origin = f"{origin}, served as {str(torch_dtype).removeprefix('torch.')}"
-    return LoadedModel(model, tokenizer, name, dev, torch_dtype, seconds, source, origin)
+    log.info(
+        "loaded %s from %s on %s/%s (%s) in %.1fs",
+        name, source, dev, choice.name, choice.reason, seconds,
+    )
+    origin = f"{origin}, served as {choice.name}"
+    return LoadedModel(
+        model, tokenizer, name, dev, torch_dtype, seconds, source, origin, choice.reason
+    )

@@ -83,6 +83,7 @@ class TrainingRequests(RunOrdering):
         return {
             "base_model_origin": self.engine.model_origin,
             "dtype": str(self.engine.dtype).removeprefix("torch."),
+            "dtype_reason": self.engine.dtype_reason,
         }
 
     def _attach_sampling_records(self, owner: str, call: ForwardBackwardCall) -> None:

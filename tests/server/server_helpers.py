@@ -86,6 +86,9 @@ def start_server(model_dir: Path | None, data_dir: Path, **overrides):
     from server.entrypoints.runtime import ServerConfig, ServerThread
 
     overrides.setdefault("api_keys", "")  # open: ignore AUTORESEARCH_API_KEYS from the shell
+    # The suite's numerical references are float32 and must not depend on whether this CPU has
+    # bf16 instructions; the bf16 default has tests of its own (test_server_bf16.py).
+    overrides.setdefault("dtype", "float32")
     config = ServerConfig(model=None if model_dir is None else str(model_dir), port=0,
                           data_dir=data_dir, **overrides)
     return ServerThread(config).start()
@@ -106,7 +109,7 @@ class SubprocessServer:
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "server", "--model", str(model_dir), "--port",
-             str(self.port), "--data-dir", str(data_dir)],
+             str(self.port), "--data-dir", str(data_dir), "--dtype", "float32"],
             cwd=REPO_ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
         )
         self.log_path = log_path

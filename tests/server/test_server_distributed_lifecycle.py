@@ -41,7 +41,7 @@ def redis_url(tmp_path_factory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir) -> Engine:
-    return Engine(load_base_model(str(tiny_model_dir), device="cpu"))
+    return Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"))
 
 
 def _service(engine: Engine, redis_url: str, data_dir: Path, prefix: str) -> DistributedService:

@@ -26,7 +26,7 @@ from server.protocol.json_values import json_safe
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir) -> Engine:
-    return Engine(load_base_model(str(tiny_model_dir), device="cpu"))
+    return Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"))
 
 
 def _sft(tokens: list[int]) -> Datum:

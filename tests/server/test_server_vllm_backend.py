@@ -222,7 +222,7 @@ def sampler(fake: FakeVLLM, tmp_path: Path):
 
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_model_dir: Path) -> Engine:
-    return Engine(load_base_model(str(tiny_model_dir), device="cpu"))
+    return Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"))
 
 
 def toy_adapter(seed: int, modules: tuple[str, ...] = ("q_proj", "v_proj")) -> AdapterWeights:
