@@ -98,6 +98,11 @@ def row_params(
     )
 
 
+CDF_BLOCK = 1024
+"""Vocabulary block of the two-level draw: the inverse CDF is found among block sums first,
+then inside one block, so no `[rows, vocabulary]` cumulative sum is ever built."""
+
+
 def choose(
     logits: torch.Tensor, params: RowParams, step: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,20 +112,22 @@ def choose(
     draw from the tempered, filtered distribution with the row's uniform, and its logprob is
     under that same distribution (renormalised over the tokens top-k/top-p kept), as vLLM's
     `processed_logprobs` reports it: the q an importance ratio needs, equal across backends.
+
+    Over a 262k vocabulary every pass over `[rows, vocabulary]` costs about as much as a tenth of
+    the output head's matmul, so the common case (no top-p) makes four: scale, max with argmax,
+    exp, block sums. Top-k uses `topk`; only a top-p < 1 sorts.
     """
-    logits = logits.float()
     vocab = logits.shape[-1]
     greedy = params.temperature <= 0
     if not params.sampled:
-        picks = logits.argmax(-1)
-        return picks, torch.log_softmax(logits, -1).gather(-1, picks[:, None])[:, 0]
+        best, picks = logits.float().max(-1)
+        return picks, best - torch.logsumexp(logits.float(), -1)
     scale = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
-    scaled = logits / scale[:, None]
-    filtered = scaled
+    filtered = torch.div(logits, scale[:, None].to(logits.device))  # float32 out of bf16 in
     if params.k_max > 0:
         k_max = min(params.k_max, vocab)
         limited = (params.top_k > 0) & (params.top_k < vocab)
-        top = torch.topk(scaled, k_max, dim=-1).values
+        top = torch.topk(filtered, k_max, dim=-1).values
         kth = top.gather(-1, (params.top_k.clamp(1, k_max) - 1)[:, None])
         filtered = filtered.masked_fill(limited[:, None] & (filtered < kth), -torch.inf)
     if params.nucleus:
@@ -131,15 +138,43 @@ def choose(
         filtered = torch.full_like(filtered, -torch.inf).scatter(
             -1, order, ordered.masked_fill(drop, -torch.inf)
         )
-    cdf = torch.softmax(filtered, -1).cumsum(-1)
-    target = uniforms(params.keys, step).to(cdf.device) * cdf[:, -1]
-    drawn = torch.searchsorted(cdf, target[:, None], right=True)[:, 0].clamp_(max=vocab - 1)
-    picks = torch.where(greedy, logits.argmax(-1), drawn)
-    drawn_lp = torch.log_softmax(filtered, -1).gather(-1, picks[:, None])[:, 0]
+    best, argmax = filtered.max(-1)
+    weights = torch.exp(filtered - best[:, None])
+    drawn, total = _inverse_cdf(weights, uniforms(params.keys, step).to(weights.device))
+    picks = torch.where(greedy, argmax, drawn)
+    picked = filtered.gather(-1, picks[:, None])[:, 0]
+    picked_lp = picked - best - torch.log(total)
     if params.k_max > 0 or params.nucleus:  # a greedy row's own logprob is unfiltered
-        plain = torch.log_softmax(logits, -1).gather(-1, picks[:, None])[:, 0]
-        drawn_lp = torch.where(greedy, plain, drawn_lp)
-    return picks, drawn_lp
+        plain = logits.float().gather(-1, picks[:, None])[:, 0] - torch.logsumexp(
+            logits.float(), -1
+        )
+        picked_lp = torch.where(greedy, plain, picked_lp)
+    return picks, picked_lp
+
+
+def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The index where each row's cumulative `weights` first pass `uniform * total`, and the
+    total: block sums first, then a cumulative sum inside the one block that holds the target.
+
+    The target is kept below the total, so it lands in a block of positive weight; inside it, a
+    draw that rounding carries past the block's last kept token steps back onto that token.
+    """
+    rows, vocab = weights.shape
+    block = CDF_BLOCK if vocab % CDF_BLOCK == 0 else vocab
+    blocks = weights.view(rows, vocab // block, block)
+    running = blocks.sum(-1).cumsum(-1)
+    total = running[:, -1]
+    target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
+    which = torch.searchsorted(running, target[:, None], right=True)[:, 0]
+    which = which.clamp_(max=running.shape[1] - 1)
+    before = running.gather(-1, (which - 1).clamp(min=0)[:, None])[:, 0]
+    before = torch.where(which > 0, before, torch.zeros_like(before))
+    inside = blocks[torch.arange(rows, device=weights.device), which]
+    rest = (target - before).clamp(min=0)[:, None]
+    local = torch.searchsorted(inside.cumsum(-1), rest, right=True)[:, 0]
+    last_kept = (inside > 0).to(torch.int64).cumsum(-1).argmax(-1)
+    local = torch.minimum(local, last_kept)
+    return which * block + local, total
 
 
 class TokenPieces:
