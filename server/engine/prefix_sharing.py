@@ -5,10 +5,11 @@ prompt once at the start of a row, followed by every sample's continuation. An a
 lets each continuation see the prompt and itself only, and position ids restart after the
 prompt for every continuation, so each continuation computes exactly what it would alone, while
 the prompt's activations are computed once and, in backward, receive the sum of every
-continuation's gradient. Gemma 3's sliding-window layers get their own mask, with the window
-measured in positions (not in packed columns).
+continuation's gradient. Who may attend to whom is said by each column's segment and position
+(`packed_attention.PackedLayout`); Gemma 3's sliding-window layers measure their window in
+positions, not in packed columns.
 
-Pure planning on token arrays plus the mask builder; the engine runs the model.
+Pure planning on token arrays; the engine runs the model.
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 MIN_SHARED_TOKENS = 8
 """Datums share a row only if they share at least this many leading tokens: below that the
 packed row's wider attention costs more than the tokens saved."""
-ROW_TOKENS = 1024
-"""Longest packed row (unless one datum alone is longer). Attention in a packed row is dense over
-the whole row, so very long rows spend more on masked-out pairs than sharing saves."""
+ROW_TOKENS = 8192
+"""Longest packed row (unless one datum alone is longer; the engine also caps it at its
+micro-batch). `packed_attention` never computes the pairs between different continuations and
+its memory grows linearly with the row, so a long prompt shared by many samples stays on one
+row rather than being repeated on rows of its own."""
 SLIDING = "sliding_attention"
 
 
@@ -120,39 +122,3 @@ def plan_rows(
                 used += tail
             rows.append(_row(key, sequences, length, part))
     return rows
-
-
-def attention_masks(
-    segments: torch.Tensor,
-    positions: torch.Tensor,
-    real: torch.Tensor,
-    layer_types: set[str],
-    sliding_window: int | None,
-    additive_dtype: torch.dtype | None,
-) -> dict[str, torch.Tensor]:
-    """`[rows, 1, width, width]` masks per layer type for packed rows.
-
-    A column attends to earlier columns of its own segment and of the shared prefix (segment 0);
-    sliding layers also need the position distance below the window. Padding attends to itself
-    only (a fully masked row would give NaN). Boolean masks (True = attend) for SDPA; with
-    `additive_dtype` (eager attention), 0 / most-negative float masks instead.
-    """
-    width = segments.shape[1]
-    index = torch.arange(width, device=segments.device)
-    causal = index[None, :] <= index[:, None]
-    seg_q, seg_k = segments[:, :, None], segments[:, None, :]
-    allowed = causal & ((seg_k == 0) | (seg_k == seg_q)) & real[:, None, :] & real[:, :, None]
-    pad_self = (~real)[:, :, None] & torch.eye(width, dtype=torch.bool, device=real.device)
-    masks: dict[str, torch.Tensor] = {}
-    for layer_type in layer_types:
-        mask = allowed
-        if layer_type == SLIDING and sliding_window:
-            distance = positions[:, :, None] - positions[:, None, :]
-            mask = mask & (distance < sliding_window)
-        mask = (mask | pad_self)[:, None]
-        if additive_dtype is not None:
-            zero = torch.zeros((), dtype=additive_dtype, device=mask.device)
-            low = torch.tensor(torch.finfo(additive_dtype).min, dtype=additive_dtype)
-            mask = torch.where(mask, zero, low.to(mask.device))
-        masks[layer_type] = mask
-    return masks

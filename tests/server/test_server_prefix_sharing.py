@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from server.engine import prefix_sharing
+from server.engine import packed_attention, prefix_sharing
 from server.engine.engine import AdamParams, Engine, ForwardBackwardJob
 from server.engine.lora import LoraSpec
 from server.engine.model_loading import load_base_model
@@ -28,7 +28,7 @@ RTOL_GRAD, ATOL_GRAD = 1e-4, 1e-5
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir) -> Engine:
-    return Engine(load_base_model(str(tiny_model_dir), device="cpu"))
+    return Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"))
 
 
 def rl_group(rng, vocab: int, prompt_len: int, sizes: list[int]) -> list[Datum]:
@@ -201,6 +201,57 @@ def test_groups_too_long_for_one_row_are_split_and_still_match(engine, monkeypat
         engine,
         lambda: [ForwardBackwardJob(new_state(engine, 8), data, "importance_sampling", {}, False)],
     )
+
+
+def test_rows_of_many_query_chunks_match_and_their_masks_stay_linear(engine, monkeypatch):
+    """With 16-query chunks a row of ~200 columns takes 13 attention calls per layer; each mask
+    is at most `chunk x width` (never `width x width`) and skips the other continuations."""
+    monkeypatch.setattr(packed_attention, "QUERY_CHUNK", 16)
+    calls: list[tuple[int, int, int]] = []
+    real_sdpa = packed_attention.scaled_dot_product_attention
+
+    def recording(query, key, value, attn_mask=None, **kwargs):
+        calls.append((query.shape[2], key.shape[2], attn_mask.shape[-1]))
+        return real_sdpa(query, key, value, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(packed_attention, "scaled_dot_product_attention", recording)
+    window = engine.model.config.sliding_window
+    rng = np.random.default_rng(6)
+    data = rl_group(rng, engine.vocab_size, window + 9, [40, 37, 45, 33])
+    assert_same(
+        engine,
+        lambda: [ForwardBackwardJob(new_state(engine, 9), data, "importance_sampling", {}, False)],
+    )
+    prompt = window + 9
+    width = prompt + sum(len(d.tokens) - prompt for d in data)
+    assert calls, "packed rows did not go through packed_attention"
+    assert max(q for q, _, _ in calls) <= 16
+    assert all(k == m for _, k, m in calls)
+    # A chunk spans at most two continuations: it sees the prompt and those, never the row.
+    assert max(k for _, k, _ in calls) <= prompt + 2 * 45 < width
+    pairs_per_layer = sum(q * k for q, k, _ in calls) / engine.model.config.num_hidden_layers
+    assert pairs_per_layer < 0.75 * width * (width + 1) / 2  # fewer than causal dense pairs
+
+
+def test_a_packed_layout_lets_a_continuation_see_the_prompt_and_itself_only():
+    # columns: prompt (0, 1), member 1 (2, 3), member 2 (4), padding (5)
+    segments = torch.tensor([[0, 0, 1, 1, 2, -1]])
+    positions = torch.tensor([[0, 1, 2, 3, 2, 3]])
+    layout = packed_attention.PackedLayout(segments, positions, window=None)
+    keys = torch.arange(6)
+    seen = layout.allowed(0, 6, keys)[0, 0].int().tolist()
+    assert seen == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0],
+        [1, 1, 0, 0, 1, 0],
+        [0, 0, 0, 0, 0, 1],
+    ]
+    assert layout.needed_keys(4, 5).tolist() == [0, 1, 4]
+    sliding = packed_attention.PackedLayout(segments, positions, window=2)
+    # member 2's column (position 2) is two positions from the prompt's first token: out.
+    assert sliding.allowed(4, 5, keys)[0, 0, 0].int().tolist() == [0, 1, 0, 0, 1, 0]
 
 
 def test_the_plan_computes_a_shared_prompt_once_per_adapter():
