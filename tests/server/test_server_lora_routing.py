@@ -120,7 +120,7 @@ def test_the_output_head_in_checkpointed_chunks_gives_the_same_loss_and_gradient
     backward; losses, logprobs and every adapter gradient equal one pass over all positions."""
     import numpy as np
 
-    import server.engine.engine as engine_module
+    import server.engine.scoring as scoring_module
     from server.engine.engine import Engine, ForwardBackwardJob
     from server.engine.model_loading import load_base_model
     from server.protocol.codec import Datum
@@ -136,7 +136,7 @@ def test_the_output_head_in_checkpointed_chunks_gives_the_same_loss_and_gradient
         data.append(Datum(tokens[:-1], {"target_tokens": tokens[1:], "weights": weights}))
 
     def run(chunk: int):
-        monkeypatch.setattr(engine_module, "HEAD_CHUNK", chunk)
+        monkeypatch.setattr(scoring_module, "HEAD_CHUNK", chunk)
         state = engine.create_run(LoraSpec(rank=4), seed=3)
         with torch.no_grad():  # a non-zero B, so the head's LoRA path carries gradient to A
             for b in state.adapter.b.values():

@@ -1,0 +1,98 @@
+"""What the engine is given and gives back: jobs, parameters, run state, errors, counters.
+
+Plain values shared by every part of the engine (`training`, `sampling`) and by the service
+that builds them from requests.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from server.engine.lora import AdapterWeights
+from server.protocol.codec import Datum
+
+
+class UserError(ValueError):
+    """The request is invalid; report it to the client as a `user` error."""
+
+
+class NonFiniteRun(UserError):
+    """The run's weights are not finite; load a checkpoint into it to go on."""
+
+
+@dataclass
+class AdamParams:
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+
+@dataclass
+class RunState:
+    """What the engine holds for one training run: its adapter and its own optimizer."""
+
+    adapter: AdapterWeights
+    optimizer: torch.optim.AdamW
+    steps: int = 0
+    nonfinite: str | None = None
+    """Why the run's weights are not finite (set when weights were loaded so); such a run
+    refuses training until a checkpoint is loaded into it."""
+
+
+@dataclass
+class ForwardBackwardJob:
+    state: RunState
+    data: list[Datum]
+    loss_fn: str
+    loss_fn_config: dict[str, float | str]
+    forward_only: bool
+
+
+@dataclass
+class ForwardBackwardResult:
+    outputs: list[dict[str, np.ndarray]]
+    metrics: dict[str, float]
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop: list[str] | list[int] | None = None
+
+
+@dataclass
+class SampleJob:
+    adapter: AdapterWeights | None
+    prompt: list[int]
+    num_samples: int
+    params: SamplingParams
+    prompt_logprobs: bool = False
+    topk_prompt_logprobs: int = 0
+    topk_sample_logprobs: int = 0
+    first_sample: int = 0
+    """Index of this job's first sample within its request: a request wider than one decode
+    batch is decoded as several jobs, and each row keeps the random stream of its index."""
+
+
+@dataclass
+class EngineStats:
+    """Counters for observability; the scheduler reads them."""
+
+    busy_seconds: float = 0.0
+    train_tokens: int = 0
+    sample_tokens: int = 0
+    train_batches: int = 0
+    sample_batches: int = 0
+    last_batch_rows: int = 0
+    started: float = field(default_factory=time.monotonic)

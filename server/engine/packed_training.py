@@ -1,0 +1,211 @@
+"""forward_backward on packed rows: a shared prompt prefix computed once per group.
+
+The body runs once over rows planned by `prefix_sharing` (attention through
+`packed_attention`); the output head scores each distinct packed position once, and every
+datum's targets are gathered from it and laid out again as `[datum, time]`, so the losses see
+exactly what they see without sharing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from server.engine import losses, packed_attention, prefix_sharing
+from server.engine.jobs import ForwardBackwardJob
+from server.engine.lora import RowGroup, routing
+from server.engine.training import _pad, _routed_adapter
+
+
+class PackedTraining:
+    """Mixin of `Engine`: the shared-prefix twin of `Training._run_microbatch`."""
+
+    tokens_per_microbatch: int
+    _layer_types: set[str]
+    _sliding_window: int | None
+
+    def _forward_packed(
+        self,
+        jobs: list[ForwardBackwardJob],
+        rows: list[tuple[int, int]],
+        per_row_lp: dict[tuple[int, int], np.ndarray],
+        per_row_loss: dict[tuple[int, int], float],
+    ) -> None:
+        """All rows through packed micro-batches; datums share a row only within one adapter."""
+        packed = prefix_sharing.plan_rows(
+            [jobs[j].data[i].tokens for j, i in rows],
+            [(id(_routed_adapter(jobs[j])), jobs[j].forward_only) for j, _ in rows],
+            row_tokens=min(prefix_sharing.ROW_TOKENS, self.tokens_per_microbatch),
+        )
+        for part in self._packed_microbatches(packed):
+            self._run_packed(jobs, rows, part, per_row_lp, per_row_loss)
+
+
+    def _packed_microbatches(
+        self, packed: list[prefix_sharing.PackedRow]
+    ) -> list[list[prefix_sharing.PackedRow]]:
+        """Packed rows in micro-batches of at most `tokens_per_microbatch` padded tokens."""
+        parts: list[list[prefix_sharing.PackedRow]] = [[]]
+        longest = 0
+        for row in packed:
+            n = len(row.tokens)
+            if parts[-1] and max(longest, n) * (len(parts[-1]) + 1) > self.tokens_per_microbatch:
+                parts.append([])
+                longest = 0
+            parts[-1].append(row)
+            longest = max(longest, n)
+        return parts
+
+
+    def _packed_inputs(
+        self, packed: list[prefix_sharing.PackedRow]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, packed_attention.PackedLayout]]:
+        """Padded `[rows, width]` tokens, positions, real-position mask, and attention layouts."""
+        width = max(len(r.tokens) for r in packed)
+        tokens = torch.zeros((len(packed), width), dtype=torch.long)
+        positions = torch.zeros((len(packed), width), dtype=torch.long)
+        segments = torch.full((len(packed), width), -1, dtype=torch.long)
+        for k, row in enumerate(packed):
+            n = len(row.tokens)
+            tokens[k, :n] = torch.from_numpy(row.tokens)
+            positions[k, :n] = torch.from_numpy(row.positions)
+            segments[k, :n] = torch.from_numpy(row.segments)
+            positions[k, n:] = torch.arange(width - n) + int(row.positions.max()) + 1
+        real = segments >= 0
+        segments, positions = segments.to(self.device), positions.to(self.device)
+        layouts = {
+            layer_type: packed_attention.PackedLayout(
+                segments,
+                positions,
+                self._sliding_window if layer_type == prefix_sharing.SLIDING else None,
+            )
+            for layer_type in self._layer_types
+        }
+        return tokens, positions, real, layouts
+
+
+    def _run_packed(
+        self,
+        jobs: list[ForwardBackwardJob],
+        rows: list[tuple[int, int]],
+        packed: list[prefix_sharing.PackedRow],
+        per_row_lp: dict[tuple[int, int], np.ndarray],
+        per_row_loss: dict[tuple[int, int], float],
+    ) -> None:
+        """One micro-batch of packed rows: the shared-prefix twin of `_run_microbatch`.
+
+        The body runs once over the packed rows. The output head scores each distinct packed
+        position once (a shared prompt position once per row, not once per datum) and every
+        datum's targets are gathered from it; the scores are laid out again as `[datum, time]`
+        so the losses see exactly what they see without sharing.
+        """
+        dev = self.device
+        tokens, positions, real, layouts = self._packed_inputs(packed)
+        n_rows, width = tokens.shape
+        # Rows of one adapter are adjacent (the planner groups them by key).
+        row_groups: list[RowGroup] = []
+        for k, row in enumerate(packed):
+            adapter = _routed_adapter(jobs[rows[row.members[0]][0]])
+            if row_groups and row_groups[-1].adapter is adapter:
+                row_groups[-1] = RowGroup(adapter, row_groups[-1].start, k + 1)
+            else:
+                row_groups.append(RowGroup(adapter, k, k + 1))
+        # Every real packed position, row-major, gets a compact index for the output head.
+        flat_real = real.flatten().nonzero(as_tuple=True)[0]
+        compact = torch.full((n_rows * width,), -1, dtype=torch.long)
+        compact[flat_real] = torch.arange(len(flat_real))
+        offsets = np.concatenate([[0], np.cumsum(real.sum(1).numpy())]).tolist()
+
+        # The datums of this micro-batch, and one (position, target) pair per scored target.
+        members = [(k, m, d) for k, row in enumerate(packed) for m, d in enumerate(row.members)]
+        lengths = [len(jobs[rows[d][0]].data[rows[d][1]].tokens) for _, _, d in members]
+        pairs: dict[str, list[np.ndarray]] = {n: [] for n in ("pos", "tgt", "b", "t", "k", "on")}
+        depth = 1
+        for b, (k, m, d) in enumerate(members):
+            j, i = rows[d]
+            job, datum = jobs[j], jobs[j].data[i]
+            targets = datum.inputs["target_tokens"]
+            targets = targets[:, None] if targets.ndim == 1 else targets
+            n, kk = targets.shape
+            depth = max(depth, kk)
+            where = compact[torch.from_numpy(k * width + packed[k].columns[m])].numpy()
+            pairs["pos"].append(np.repeat(where, kk))
+            pairs["tgt"].append(targets.reshape(-1).astype(np.int64))
+            pairs["b"].append(np.full(n * kk, b))
+            pairs["t"].append(np.repeat(np.arange(n), kk))
+            pairs["k"].append(np.tile(np.arange(kk), n))
+            if job.forward_only:
+                pairs["on"].append(np.zeros(n * kk, dtype=bool))
+            else:
+                pairs["on"].append(_active_pairs(job.loss_fn, datum.inputs, n, kk))
+        flat = {name: torch.from_numpy(np.concatenate(parts)) for name, parts in pairs.items()}
+        pos, tgt = flat["pos"], flat["tgt"]
+        needs_grad = any(not jobs[rows[d][0]].forward_only for _, _, d in members)
+
+        with torch.set_grad_enabled(needs_grad):
+            with routing(row_groups):
+                hidden = self._body(
+                    input_ids=tokens.to(dev),
+                    attention_mask=layouts,
+                    position_ids=positions.to(dev),
+                    use_cache=False,
+                ).last_hidden_state
+            hidden = hidden.reshape(n_rows * width, -1)[flat_real.to(dev)]
+            n_pos = hidden.shape[0]
+            active = torch.zeros(n_pos, dtype=torch.bool)
+            active[pos[flat["on"]]] = True
+            if not (needs_grad and bool(active.any())):
+                active[:] = False
+            # Each position goes through the head once without gradients if no loss term reads
+            # it, else once with them (checkpointed): never both, never once per datum.
+            values = torch.zeros(len(pos), dtype=torch.float32, device=dev)
+            for with_grad in (False, True):
+                subset = active if with_grad else ~active
+                if bool(subset.any()):
+                    with torch.set_grad_enabled(with_grad):
+                        values = self._subset_logprobs(
+                            values, hidden, pos, tgt, subset, offsets, row_groups, with_grad
+                        )
+            layout = torch.zeros((len(members), max(lengths), depth), device=dev)
+            index = (flat["b"].to(dev), flat["t"].to(dev), flat["k"].to(dev))
+            target_lp = torch.index_put(layout, index, values)
+            total = torch.zeros((), device=dev)
+            by_job: dict[int, list[int]] = {}
+            for b, (_, _, d) in enumerate(members):
+                by_job.setdefault(rows[d][0], []).append(b)
+            for j, batch_rows in by_job.items():
+                job = jobs[j]
+                datums = [job.data[rows[members[b][2]][1]] for b in batch_rows]
+                one_d = datums[0].inputs["target_tokens"].ndim == 1
+                kk = 1 if one_d else max(d.inputs["target_tokens"].shape[1] for d in datums)
+                lp = target_lp[torch.tensor(batch_rows, device=dev)][:, :, :kk]
+                if one_d:
+                    lp = lp[:, :, 0]
+                names = {name for d in datums for name in d.inputs} - {"target_tokens"}
+                width_j = max(len(d.tokens) for d in datums)
+                lp = lp[:, :width_j]
+                inputs = {
+                    name: _pad([d.inputs[name] for d in datums], width_j, 0, torch.float32).to(dev)
+                    for name in names
+                }
+                row_losses = losses.resolve(job.loss_fn)(lp, inputs, job.loss_fn_config)
+                if not job.forward_only:
+                    total = total + row_losses.sum()
+                for q, b in enumerate(batch_rows):
+                    key = rows[members[b][2]]
+                    per_row_lp[key] = lp[q, : lengths[b]].detach().float().cpu().numpy()
+                    per_row_loss[key] = float(row_losses[q].detach())
+            if needs_grad and total.requires_grad:
+                total.backward()
+
+
+def _active_pairs(loss_fn: str, inputs: dict[str, np.ndarray], n: int, depth: int) -> np.ndarray:
+    """Which of a datum's `n * depth` (position, target) pairs can have a non-zero loss term."""
+    if loss_fn == "cross_entropy":
+        weights = inputs["weights"]
+        if weights.ndim == 1:
+            return np.repeat(weights != 0, depth)
+        return (weights != 0).reshape(-1)
+    if loss_fn in ("importance_sampling", "ppo", "cispo"):
+        return np.repeat(inputs["advantages"] != 0, depth)
+    return np.ones(n * depth, dtype=bool)  # e.g. dro: its quadratic term is not masked

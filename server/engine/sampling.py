@@ -1,0 +1,401 @@
+"""Sampling jobs: validation, prompt logprobs, and batched decoding with a KV cache.
+
+Every job's samples decode together: one prefill per request (its rows share the prompt and
+adapter), finished rows leave the batch as they pile up, and tokens are chosen where the logits
+are (`decoding`), with one host transfer per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from server.engine import decoding, host_decoding
+from server.engine.jobs import ForwardBackwardJob, RunState, SampleJob, UserError
+from server.engine.lora import AdapterWeights, RowGroup, routing
+from server.engine.scoring import HEAD_CHUNK
+from server.protocol.codec import Datum, SampledSequence, SampleResult
+
+DEFAULT_MAX_TOKENS = 256
+MAX_NUM_SAMPLES = 1024
+MAX_DECODE_ROWS = 128
+"""Rows decoded together at most; a request for more samples is decoded in several batches."""
+MIN_TEMPERATURE = 1e-4
+"""Below this a temperature is greedy decoding: dividing logits by less overflows float32 and
+every logprob would be NaN."""
+MAX_TOPK_PROMPT_LOGPROBS = 1024
+MAX_TOPK_PROMPT_VALUES = 1 << 22
+"""`topk_prompt_logprobs` times prompt length: the ids and logprobs a result may hold (32 MiB)."""
+MAX_STOP_SEQUENCES = 32
+MAX_STOP_CHARS = 256
+
+
+class Sampling:
+    """Mixin of `Engine`: validating and running sampling requests."""
+
+    vocab_size: int
+    max_context: int
+    eos_ids: set[int]
+    share_prefixes: bool
+    device_sampling: bool
+    _can_pack: bool
+
+    # -------------------------------------------------------------- sampling
+    def validate_sample(self, job: SampleJob) -> None:
+        """Refuse what cannot be sampled and normalise what means something else: a top-k of 0
+        or past the vocabulary is no top-k, a temperature under `MIN_TEMPERATURE` is greedy."""
+        if not job.prompt:
+            raise UserError("the prompt is empty")
+        self._check_vocab(np.asarray(job.prompt), "prompt")
+        if not 1 <= job.num_samples <= MAX_NUM_SAMPLES:
+            raise UserError(
+                f"num_samples must be between 1 and {MAX_NUM_SAMPLES}, got {job.num_samples}"
+            )
+        p = job.params
+        if p.max_tokens is not None and p.max_tokens < 0:
+            raise UserError("max_tokens must not be negative")
+        if p.temperature < 0 or not math.isfinite(p.temperature):
+            raise UserError("temperature must be a finite number >= 0")
+        if p.temperature < MIN_TEMPERATURE:
+            p.temperature = 0.0
+        if not 0 < p.top_p <= 1:
+            raise UserError("top_p must be in (0, 1]")
+        if p.top_k <= 0 or p.top_k >= self.vocab_size:
+            p.top_k = -1
+        if len(job.prompt) + self._max_new(job) > self.max_context:
+            raise UserError(f"prompt plus max_tokens exceeds the context of {self.max_context}")
+        top = job.topk_prompt_logprobs
+        if not 0 <= top <= MAX_TOPK_PROMPT_LOGPROBS:
+            raise UserError(
+                f"topk_prompt_logprobs must be between 0 and {MAX_TOPK_PROMPT_LOGPROBS}, got {top}"
+            )
+        if top * len(job.prompt) > MAX_TOPK_PROMPT_VALUES:
+            raise UserError(
+                f"topk_prompt_logprobs={top} on a {len(job.prompt)}-token prompt asks for "
+                f"{top * len(job.prompt)} values; the limit is {MAX_TOPK_PROMPT_VALUES}"
+            )
+        self._check_stop(p.stop)
+
+
+    def _check_stop(self, stop: list[str] | list[int] | None) -> None:
+        if stop is None:
+            return
+        if not isinstance(stop, list) or len(stop) > MAX_STOP_SEQUENCES:
+            raise UserError(f"stop takes at most {MAX_STOP_SEQUENCES} strings or token ids")
+        if all(isinstance(s, str) for s in stop):
+            if any(len(s) > MAX_STOP_CHARS for s in stop):
+                raise UserError(f"stop strings are at most {MAX_STOP_CHARS} characters")
+            return
+        if all(isinstance(s, int) and not isinstance(s, bool) for s in stop):
+            self._check_vocab(np.asarray(stop, dtype=np.int64), "stop token")
+            return
+        raise UserError("stop takes strings or token ids, not a mix or other values")
+
+
+    @staticmethod
+    def _max_new(job: SampleJob) -> int:
+        return DEFAULT_MAX_TOKENS if job.params.max_tokens is None else job.params.max_tokens
+
+
+    @torch.inference_mode()
+    def prompt_logprobs(
+        self, adapter: AdapterWeights | None, prompt: list[int], topk: int = 0
+    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+        """Logprob of each prompt token given its prefix (NaN at position 0), untempered.
+
+        The body runs once; the vocabulary-wide head runs `HEAD_CHUNK` positions at a time, so
+        memory holds one chunk's logits whatever the prompt's length.
+        """
+        tokens = torch.tensor([prompt], device=self.device)
+        groups = [RowGroup(adapter, 0, 1)]
+        with routing(groups):
+            hidden = self._body(input_ids=tokens, use_cache=False).last_hidden_state[:, :-1]
+        picked, top_ids, top_lps = [], [], []
+        for first in range(0, hidden.shape[1], HEAD_CHUNK):
+            # `[1, chunk, H]`: the routing's rows are the batch's, not its positions.
+            logp = self._vocab_logprobs(hidden[:, first : first + HEAD_CHUNK], groups)[0]
+            targets = tokens[0, 1 + first : 1 + first + logp.shape[0], None]
+            picked.append(torch.gather(logp, -1, targets)[:, 0])
+            if topk > 0:
+                lp, ids = torch.topk(logp, min(topk, logp.shape[-1]), dim=-1)
+                top_lps.append(lp)
+                top_ids.append(ids)
+        values = np.concatenate([[np.nan], *(p.cpu().numpy() for p in picked)]).astype(np.float32)
+        top = None
+        if topk > 0:
+            width = min(topk, self.vocab_size)
+            pad_ids = np.zeros((1, width), dtype=np.int32)
+            pad_lp = np.full((1, width), -99999.0, dtype=np.float32)
+            top = (
+                np.concatenate([pad_ids, *(i.cpu().numpy().astype(np.int32) for i in top_ids)]),
+                np.concatenate([pad_lp, *(v.cpu().numpy().astype(np.float32) for v in top_lps)]),
+            )
+        return values, top
+
+
+    @torch.inference_mode()
+    def sample(self, jobs: list[SampleJob]) -> list[SampleResult]:
+        """Decode every job's samples together in one batched loop with a KV cache."""
+        started = time.perf_counter()
+        results = [SampleResult(sequences=[]) for _ in jobs]
+        together = [
+            j
+            for j, job in enumerate(jobs)
+            if job.prompt_logprobs and not job.topk_prompt_logprobs and len(job.prompt) > 1
+        ]
+        if together and self.share_prefixes and self._can_pack:
+            scored = self._shared_prompt_logprobs([jobs[j] for j in together])
+            for j, values in zip(together, scored):
+                results[j].prompt_logprobs = values
+        else:
+            together = []
+        for j, (job, result) in enumerate(zip(jobs, results)):
+            if j in together:
+                continue
+            if job.prompt_logprobs or job.topk_prompt_logprobs:
+                values, top = self.prompt_logprobs(
+                    job.adapter, job.prompt, job.topk_prompt_logprobs
+                )
+                result.prompt_logprobs = values if job.prompt_logprobs else None
+                result.topk_prompt = top
+        to_decode = [(j, job) for j, job in enumerate(jobs) if self._max_new(job) > 0]
+        for j, job in enumerate(jobs):
+            if self._max_new(job) == 0:
+                results[j].sequences = [
+                    SampledSequence([], [], False) for _ in range(job.num_samples)
+                ]
+        for batch in _decode_batches(to_decode, MAX_DECODE_ROWS):
+            sequences = self._decode([job for _, job in batch])
+            for (j, _), seqs in zip(batch, sequences):
+                results[j].sequences.extend(seqs)
+        self.stats.busy_seconds += time.perf_counter() - started
+        self.stats.sample_batches += 1
+        return results
+
+
+    def _shared_prompt_logprobs(self, jobs: list[SampleJob]) -> list[np.ndarray]:
+        """`prompt_logprobs` of many prompts in packed forwards: prompts of one adapter that
+        share a prefix (a group's samples scored against a reference) compute it once."""
+        scoring = [
+            ForwardBackwardJob(
+                # Scoring only: never stepped, so no optimizer.
+                RunState(job.adapter, None),  # type: ignore[arg-type]
+                [
+                    Datum(
+                        np.asarray(job.prompt[:-1], dtype=np.int64),
+                        {
+                            "target_tokens": np.asarray(job.prompt[1:], dtype=np.int64),
+                            "weights": np.zeros(len(job.prompt) - 1, dtype=np.float32),
+                        },
+                    )
+                ],
+                "cross_entropy",
+                {},
+                True,
+            )
+            for job in jobs
+        ]
+        per_row_lp: dict[tuple[int, int], np.ndarray] = {}
+        self._forward_packed(scoring, [(j, 0) for j in range(len(jobs))], per_row_lp, {})
+        return [
+            np.concatenate([[np.nan], per_row_lp[(j, 0)]]).astype(np.float32)
+            for j in range(len(jobs))
+        ]
+
+
+    def _decode(self, jobs: list[SampleJob]) -> list[list[SampledSequence]]:
+        """Decode every job's rows together; finished rows leave the batch as they pile up.
+
+        Each row draws from its own random stream (seeded from its job's seed and its index in
+        the job), so the randomness a row uses does not depend on which other requests shared
+        its batch or on when finished rows were dropped. Its logits can, in the last bits: the
+        batch width sets the padding and the row count changes how the base model's kernels
+        sum. So a row sampled with batch-mates matches the same row sampled alone except where
+        such a difference flips a draw that sits on a near-tie.
+        """
+        owners = [j for j, job in enumerate(jobs) for _ in range(job.num_samples)]
+        rows = len(owners)
+        width = max(len(job.prompt) for job in jobs)
+        pad_id = int(self.tokenizer.pad_token_id or 0)
+        tokens = torch.full((len(jobs), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(jobs), width), dtype=torch.long)
+        for j, job in enumerate(jobs):  # left padding keeps every row's last token aligned
+            tokens[j, width - len(job.prompt) :] = torch.tensor(job.prompt)
+            mask[j, width - len(job.prompt) :] = 1
+        tokens, mask = tokens.to(self.device), mask.to(self.device)
+        params = self._row_params(jobs)
+        stops = [self._stop_rule(job) for job in jobs for _ in range(job.num_samples)]
+        on_host = not self.device_sampling
+        if on_host:
+            generators = host_decoding.row_generators(
+                [job.params.seed for job in jobs],
+                [job.num_samples for job in jobs],
+                [job.first_sample for job in jobs],
+            )
+        max_new = [self._max_new(job) for job in jobs]
+        out_tokens: list[list[int]] = [[] for _ in range(rows)]
+        out_lps: list[list[float]] = [[] for _ in range(rows)]
+        stopped = [False] * rows
+        done = [False] * rows
+        live = list(range(rows))  # batch row k decodes original row live[k]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        # One prefill per request, not per sample: a request's rows share its prompt and
+        # adapter, so their caches start equal and are copied out after the prefill.
+        with routing([RowGroup(job.adapter, j, j + 1) for j, job in enumerate(jobs)]):
+            out = self.model(
+                input_ids=tokens,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        cache = _cache_of(out)
+        expand = torch.tensor(owners, device=self.device)
+        if rows != len(jobs):
+            cache.batch_select_indices(expand)
+        mask, positions = mask[expand], positions[expand]
+        logits = out.logits[:, -1][expand]
+        step = 0
+        while True:
+            if on_host:
+                blocks = [
+                    (p.temperature, p.top_k, p.top_p, first, stop)
+                    for j, first, stop in _job_blocks(owners, live)
+                    for p in (jobs[j].params,)
+                ]
+                picks, picked_lp = host_decoding.choose(blocks, live, logits, generators, done)
+                picks = picks.to(self.device)
+            else:
+                picks, picked_lp = decoding.choose(logits, params, step)
+            # The step's one host synchronisation: chosen ids (exact in float32) and logprobs.
+            chosen = torch.stack([picks.to(torch.float32), picked_lp.to(picks.device)])
+            chosen = chosen.cpu().tolist()
+            step += 1
+            for k, r in enumerate(live):
+                if done[r]:
+                    continue
+                out_tokens[r].append(int(chosen[0][k]))
+                out_lps[r].append(chosen[1][k])
+                if stops[r](out_tokens[r]):
+                    done[r] = stopped[r] = True
+                elif len(out_tokens[r]) >= max_new[owners[r]]:
+                    done[r] = True
+            finished = sum(done[r] for r in live)
+            if finished == len(live):
+                break
+            if finished * 4 >= len(live):
+                # Drop finished rows once they are a quarter of the batch: each copy of the
+                # cache is paid back by every later step computing fewer rows.
+                keep = [k for k, r in enumerate(live) if not done[r]]
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                mask, positions, picks = mask[index], positions[index], picks[index]
+                params = params.select(index)
+                live = [live[k] for k in keep]
+            mask = torch.cat(
+                [mask, torch.ones((len(live), 1), dtype=mask.dtype, device=self.device)], 1
+            )
+            positions = positions[:, -1:] + 1
+            with routing(_row_groups(jobs, owners, live)):
+                out = self.model(
+                    input_ids=picks[:, None],
+                    attention_mask=mask,
+                    position_ids=positions,
+                    use_cache=True,
+                    **{self._cache_kw: cache},
+                )
+            cache = _cache_of(out)
+            logits = out.logits[:, -1]
+        self.stats.sample_tokens += sum(len(t) for t in out_tokens)
+        results: list[list[SampledSequence]] = [[] for _ in jobs]
+        for r in range(rows):
+            results[owners[r]].append(SampledSequence(out_tokens[r], out_lps[r], stopped[r]))
+        return results
+
+
+    def _row_params(self, jobs: list[SampleJob]) -> decoding.RowParams:
+        """Every row's sampling parameters and random key, on the device.
+
+        A row's key comes from its job's seed (or a fresh one) and its index in the job, so
+        what a row samples does not depend on which other requests share its batch or on when
+        finished rows were dropped.
+        """
+        temperatures, top_ks, top_ps, keys = [], [], [], []
+        for job in jobs:
+            p = job.params
+            seed = p.seed
+            base = int(torch.randint(0, 2**62, ())) if seed is None else int(seed)
+            for k in range(job.first_sample, job.first_sample + job.num_samples):
+                temperatures.append(float(p.temperature))
+                top_ks.append(int(p.top_k) if p.top_k and p.top_k > 0 else 0)
+                top_ps.append(float(p.top_p))
+                keys.append(decoding.row_key(base, k))
+        return decoding.row_params(temperatures, top_ks, top_ps, keys, self.device)
+
+
+    def _stop_rule(self, job: SampleJob) -> Callable[[list[int]], bool]:
+        """A fresh per-row predicate on the generated tokens, called once per new token."""
+        stop = job.params.stop
+        if stop is None:
+            eos = self.eos_ids
+            return lambda toks: toks[-1] in eos
+        if not stop:
+            return lambda toks: False
+        if isinstance(stop[0], int):
+            ids = set(stop)
+            return lambda toks: toks[-1] in ids
+        strings = [s for s in stop if s]
+        if not strings:
+            return lambda toks: False
+        if not self.device_sampling:
+            return host_decoding.text_stop_rule(strings, self.tokenizer.decode)
+        return decoding.StopStrings(strings, self._pieces, self.tokenizer.decode).hit
+
+
+def _cache_of(output: object) -> object:
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
+
+
+def _decode_batches(
+    jobs: list[tuple[int, SampleJob]], max_rows: int
+) -> list[list[tuple[int, SampleJob]]]:
+    """Jobs in decode batches of at most `max_rows` rows; a wider job is cut into parts that
+    keep its seed (a fresh one drawn here when it had none) and their samples' indices."""
+    batches: list[list[tuple[int, SampleJob]]] = [[]]
+    rows = 0
+    for j, job in jobs:
+        if job.num_samples > max_rows and job.params.seed is None:
+            job.params.seed = int(torch.randint(0, 2**62, ()))
+        for first in range(0, job.num_samples, max_rows):
+            count = min(max_rows, job.num_samples - first)
+            part = job if count == job.num_samples else dataclasses.replace(
+                job, num_samples=count, first_sample=job.first_sample + first
+            )
+            if batches[-1] and rows + count > max_rows:
+                batches.append([])
+                rows = 0
+            batches[-1].append((j, part))
+            rows += count
+    return [batch for batch in batches if batch]
+
+
+def _job_blocks(owners: list[int], live: list[int]) -> list[tuple[int, int, int]]:
+    """`(job, first, stop)`: the contiguous batch rows each job still has in the batch."""
+    blocks: list[tuple[int, int, int]] = []
+    for k, r in enumerate(live):
+        if blocks and blocks[-1][0] == owners[r]:
+            blocks[-1] = (owners[r], blocks[-1][1], k + 1)
+        else:
+            blocks.append((owners[r], k, k + 1))
+    return blocks
+
+
+def _row_groups(jobs: list[SampleJob], owners: list[int], live: list[int]) -> list[RowGroup]:
+    """LoRA routing for the rows still in the batch."""
+    return [RowGroup(jobs[j].adapter, first, stop) for j, first, stop in _job_blocks(owners, live)]
