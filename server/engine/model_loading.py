@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from server.engine.hardware import DtypeChoice, choose_dtype
+from server.engine.host_memory import keep_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +172,8 @@ def load_base_model(
 
     started = time.perf_counter()
     dev = pick_device(device)
+    if dev.type == "cpu":
+        keep_freed_memory()  # the engine's temporaries live in host memory: keep it for reuse
     choice = parse_dtype(dtype, dev)
     torch_dtype = choice.dtype
     if is_embedded(model_id):
