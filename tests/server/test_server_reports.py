@@ -32,6 +32,8 @@ def test_get_info_and_capabilities_describe_the_resident_model(tiny_server, serv
                       json={"model_id": run.model_id}).json()
     assert info["model_data"]["dtype"] == "float32"
     assert "served as float32" in info["model_data"]["base_model_origin"]
+    assert info["model_data"]["dtype_reason"] == "requested with --dtype float32"
     caps = httpx.get(f"{tiny_server.url}/api/v1/get_server_capabilities", headers=headers).json()
     model = caps["supported_models"][0]
     assert model["dtype"] == "float32" and model["base_model_origin"]
+    assert model["dtype_reason"] == info["model_data"]["dtype_reason"]
