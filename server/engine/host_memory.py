@@ -9,10 +9,13 @@ so every step pays page faults on memory it had a moment before. Measured on 2 Z
 time in the kernel on 32 M minor faults.
 
 The policy here: blocks come from the heap (no `mmap`), one arena serves every thread (a thread
-arena cannot hold blocks over 64 MiB), and the heap is never trimmed, so RSS stays at the
-working set's high-water mark instead of breathing with every step (`bench/bench_soak.py`
-checks that it stays flat). Only glibc has these knobs; elsewhere this does nothing.
-`AUTORESEARCH_KEEP_FREED_MEMORY=0` keeps glibc's defaults.
+arena cannot hold blocks over 64 MiB), and the heap is not trimmed while the engine works, so
+busy steps reuse warm memory. Once the engine has been idle for a while, the scheduler calls
+`release_freed_memory`, which hands every free page back (`malloc_trim`, the middle of the heap
+included): an idle server's RSS does not keep the high-water mark of its busiest batch, and
+shapes that fragment the heap cannot make it grow from one busy period to the next. Only glibc
+has these knobs; elsewhere this does nothing. `AUTORESEARCH_KEEP_FREED_MEMORY=0` keeps glibc's
+defaults.
 """
 
 from __future__ import annotations
@@ -55,3 +58,12 @@ def keep_freed_memory() -> bool:
     _state["applied"] = all(mallopt(option, value) == 1 for option, value in settings)
     log.info("freed host memory kept for reuse: %s", _state["applied"])
     return _state["applied"]
+
+
+def release_freed_memory() -> bool:
+    """Give every free heap page back to the kernel (when the policy is in force); True if it
+    did. For an idle engine: the next batch faults its pages in again."""
+    if not _state.get("applied"):
+        return False
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    return bool(libc.malloc_trim(0))

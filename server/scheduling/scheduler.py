@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from server.engine.engine import Engine, ForwardBackwardJob, SampleJob, UserError
+from server.engine.host_memory import release_freed_memory
 from server.observability.metrics import ServerMetrics
 from server.scheduling.gradient_commit import all_or_nothing
 
@@ -61,6 +63,10 @@ class RunGone(LookupError):
     """The run was deleted while this request waited."""
 
 
+RELEASE_MEMORY_AFTER_IDLE_S = 30.0
+"""After this long with nothing to run, free host memory kept for the engine's temporaries goes
+back to the kernel (`host_memory.release_freed_memory`): longer than the pauses inside a study
+(scoring a group takes seconds), so busy periods keep their memory warm."""
 MAX_SEQ_AHEAD = 4096
 """How far past a run's next `seq_id` a request may arrive. The SDK pipelines a handful of
 requests; one thousands ahead would be held (with its data) until the gap fills, which may be
@@ -365,6 +371,7 @@ class Scheduler:
 
     def _loop(self) -> None:
         last_maintenance = time.monotonic()
+        idle_since: float | None = None
         while True:
             self.last_tick = time.monotonic()
             with self._cond:
@@ -383,7 +390,12 @@ class Scheduler:
                 last_maintenance = time.monotonic()
                 self._maintain()
             if turn is None:
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since >= RELEASE_MEMORY_AFTER_IDLE_S:
+                    release_freed_memory()
+                    idle_since = math.inf  # once per idle period
                 continue
+            idle_since = None
             kind, batch = turn
             self._last_was_sampling = kind == "sample"
             self.metrics.duty.begin()

@@ -46,3 +46,46 @@ def test_a_freed_block_is_reused_without_page_faults_and_the_switch_turns_it_off
     # or 2 MiB pages); kept, the heap's pages are reused and the kernel does next to nothing.
     assert default["faults"] > 40 and default["kernel_s"] > 0.05
     assert kept["faults"] < 40 and kept["kernel_s"] < default["kernel_s"] / 4
+
+
+RELEASE_PROBE = """
+import json
+import numpy as np
+import psutil
+from server.engine.host_memory import keep_freed_memory, release_freed_memory
+assert keep_freed_memory()
+process = psutil.Process()
+block = np.ones(64 << 20, np.float32)  # 256 MiB
+del block
+held = process.memory_info().rss
+released = release_freed_memory()
+print(json.dumps({"released": released, "freed_mib": (held - process.memory_info().rss) >> 20}))
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the policy is glibc's knobs")
+def test_kept_memory_goes_back_to_the_kernel_when_released():
+    out = subprocess.run([sys.executable, "-c", RELEASE_PROBE], capture_output=True, text=True,
+                         check=True).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["released"] and result["freed_mib"] >= 200  # of the 256 MiB kept
+
+
+def test_an_idle_engine_releases_kept_memory_once_per_idle_period(monkeypatch):
+    from types import SimpleNamespace
+
+    from server.scheduling import scheduler as scheduling
+    from tests.server.server_helpers import wait_until
+
+    calls: list[float] = []
+    monkeypatch.setattr(scheduling, "RELEASE_MEMORY_AFTER_IDLE_S", 0.0)
+    monkeypatch.setattr(scheduling, "release_freed_memory", lambda: calls.append(1.0))
+    engine = SimpleNamespace(stats=SimpleNamespace(busy_seconds=0.0))
+    scheduler = scheduling.Scheduler(engine, maintenance_seconds=0.01)
+    try:
+        wait_until(lambda: calls, what="the first release")
+        ticks = scheduler.last_tick
+        wait_until(lambda: scheduler.last_tick > ticks + 0.1, what="ten more idle rounds")
+        assert len(calls) == 1
+    finally:
+        scheduler.stop()
