@@ -10,7 +10,10 @@ twice in the same process, alternating:
   type (with an int64 position-distance tensor for the sliding layers), as prefix sharing built
   them before, and handed to SDPA whole.
 
-Peak RSS is sampled every 10 ms during each call and reported above the RSS just before it.
+Each (width, mode) runs in a fresh process with glibc's default allocator
+(`AUTORESEARCH_KEEP_FREED_MEMORY=0`: memory kept from an earlier call would hide what this one
+needs). Peak RSS is sampled every 10 ms during the call and reported above the RSS just before
+it.
 
     python bench/bench_packed_memory.py                    # widths 1024 2048 4096 8192
     python bench/bench_packed_memory.py --widths 1024 2048 # quicker
@@ -19,7 +22,9 @@ Peak RSS is sampled every 10 ms during each call and reported above the RSS just
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -95,27 +100,48 @@ def measure(engine: Engine, data: list[Datum], mode: str) -> tuple[float, float]
         packed_attention.packed_attention = original
 
 
+def one(width: int, mode: str, dtype: str | None) -> None:
+    """One measurement in this process, printed as a JSON line."""
+    engine = Engine(load_base_model(None, "cpu", dtype))
+    engine.tokens_per_microbatch = width  # one row per call, whatever its width
+    data = row_data(width, engine.vocab_size, width)
+    measure(engine, row_data(256, engine.vocab_size, 0)[:1], mode)  # warm-up
+    peak_mib, seconds = measure(engine, data, mode)
+    print(json.dumps({"peak_mib": peak_mib, "seconds": seconds, "dtype": str(engine.dtype)}))
+
+
+def spawn(width: int, mode: str, dtype: str | None) -> dict:
+    command = [sys.executable, __file__, "--one", str(width), mode]
+    if dtype:
+        command += ["--dtype", dtype]
+    env = dict(os.environ, AUTORESEARCH_KEEP_FREED_MEMORY="0")
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--widths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     parser.add_argument("--dtype", default=None)
+    parser.add_argument("--one", nargs=2, metavar=("WIDTH", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    engine = Engine(load_base_model(None, "cpu", args.dtype))
-    engine.tokens_per_microbatch = max(args.widths)  # one row per call, whatever its width
-    print(f"{engine.model_name} on {engine.device}/{engine.dtype}; {MEMBERS} continuations "
-          f"share a prompt of half the row; load average "
+    if args.one:
+        one(int(args.one[0]), args.one[1], args.dtype)
+        return
+    print(f"embedded Gemma 3 270M on cpu; {MEMBERS} continuations share a prompt of half the "
+          f"row; a fresh process per cell; load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print("\n| row tokens | chunked peak MiB | dense peak MiB | dense / chunked | chunked s | "
           "dense s |")
     print("|---|---|---|---|---|---|")
     for width in args.widths:
-        data = row_data(width, engine.vocab_size, width)
-        measure(engine, data[:1], "chunked")  # warm-up allocations at this size
-        chunked_mb, chunked_s = measure(engine, data, "chunked")
-        dense_mb, dense_s = measure(engine, data, "dense")
-        print(f"| {width} | {chunked_mb:.0f} | {dense_mb:.0f} | {dense_mb / chunked_mb:.2f}x | "
-              f"{chunked_s:.1f} | {dense_s:.1f} |", flush=True)
-    print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        chunked = spawn(width, "chunked", args.dtype)
+        dense = spawn(width, "dense", args.dtype)
+        print(f"| {width} | {chunked['peak_mib']:.0f} | {dense['peak_mib']:.0f} | "
+              f"{dense['peak_mib'] / chunked['peak_mib']:.2f}x | {chunked['seconds']:.1f} | "
+              f"{dense['seconds']:.1f} |", flush=True)
+    print(f"\ndtype {chunked['dtype']}; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
