@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -179,8 +180,16 @@ class MultiLoRALinear(nn.Module):
         return flat.view(*shape[:-1], flat.shape[-1])
 
     def _forward_2d(self, x: torch.Tensor, per_row: int) -> torch.Tensor:
-        """`x` is `[rows * per_row, features]`: the routing's batch rows, `per_row` tokens each."""
-        out = self.base(x)
+        """`x` is `[rows * per_row, features]`: the routing's batch rows, `per_row` tokens each.
+
+        A half-precision base layer under fp32 activations (`model_loading.low_precision_
+        matmuls`) multiplies `x` cast down and gives its output back in `x`'s dtype."""
+        weight = self.base.weight
+        if x.dtype == weight.dtype:
+            out = self.base(x)
+        else:
+            bias = self.base.bias
+            out = F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
         plan = _ROUTING.get()
         if plan is None or not plan.routed:
             return out

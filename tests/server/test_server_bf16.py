@@ -71,8 +71,34 @@ def _datum(rng, vocab: int, length: int) -> Datum:
     )
 
 
+def test_bf16_weights_multiply_under_fp32_activations(engines):
+    engine = engines["bfloat16"]
+    layer = engine.model.model.layers[0]
+    assert engine.model.get_input_embeddings().weight.dtype == torch.bfloat16
+    assert layer.mlp.up_proj.base.weight.dtype == torch.bfloat16
+    assert layer.input_layernorm.weight.dtype == torch.float32
+    seen: dict[str, torch.dtype] = {}
+
+    def record(name: str):
+        def hook(_module, _inputs, output) -> None:
+            seen.setdefault(name, output.dtype)
+        return hook
+
+    hooks = [
+        module.register_forward_hook(record(name))
+        for name, module in (("attention", layer.self_attn.o_proj),
+                             ("norm", engine.model.model.norm))
+    ]
+    try:
+        engine.model(input_ids=torch.tensor([[5, 17, 42]]))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert seen["attention"] == seen["norm"] == torch.float32
+    assert "float32" in engine.model_origin and "bfloat16" in engine.model_origin
+
+
 def test_bf16_training_keeps_fp32_lora_state_and_matches_fp32_logprobs(engines):
-    assert engines["bfloat16"].model.get_input_embeddings().weight.dtype == torch.bfloat16
     states = _adapters(engines)
     rng = np.random.default_rng(0)
     data = [_datum(rng, engines["float32"].vocab_size, n) for n in (20, 33, 7)]
