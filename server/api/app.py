@@ -19,8 +19,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 
-from server.api.auth import AuthError, KeyRing
-from server.api.http_body import BodyTooLarge, BodyTooSlow, MalformedBody, read_body
+from server.api.auth import KeyRing
+from server.api.errors import error_response, request_error
+from server.api.http_body import read_body
 from server.api.request_schemas import check_fields
 from server.engine.engine import UserError
 from server.engine.losses import LossError
@@ -52,10 +53,6 @@ CLIENT_CONFIG = {
     "sample_join_sampling_session": False,
     "custom_loss_server_side": False,
 }
-
-
-def _error(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse({"error": message, "type": kind}, status_code=status)
 
 
 JSON_ON_LOOP_BYTES = 64 * 1024
@@ -91,6 +88,27 @@ def _page(request: Request, default_limit: int) -> tuple[int, int]:
     if limit < 0 or offset < 0:
         raise FieldError(f"limit and offset must not be negative, got {limit} and {offset}")
     return min(limit, MAX_PAGE), offset
+
+
+def _error_for(exc: Exception, method: str, path: str) -> JSONResponse:
+    """The SDK-shaped response for what a handler raised."""
+    response = request_error(exc)
+    if response is not None:
+        return response
+    if isinstance(exc, NotFound):
+        return error_response(404, str(exc), "not_found")
+    if isinstance(exc, SessionGone):
+        return error_response(410, str(exc), "session_gone")
+    if isinstance(exc, QuotaExceeded):
+        return error_response(429, str(exc), "quota_exceeded", retry=False)
+    if isinstance(exc, Backpressure):
+        return error_response(429, str(exc), "backpressure", retry_after=1)
+    if isinstance(exc, (UserError, LossError, CheckpointError, ExportError, WireError)):
+        return error_response(400, str(exc), "invalid_request")
+    # Anything else is the server's fault, whatever its type (a ValueError from a bug is no
+    # user error): a 500 with the traceback in the log.
+    log.error("%s %s failed", method, path, exc_info=exc)
+    return error_response(500, f"internal server error ({type(exc).__name__})", "server_error")
 
 
 def _future(record: FutureRecord, **extra: Any) -> dict[str, Any]:
@@ -146,35 +164,8 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
                     )
                     if not isinstance(result, Response):
                         result = json_safe(result if result is not None else {"status": "ok"})
-                except AuthError as exc:
-                    return _error(401, str(exc), "authentication_error")
-                except NotFound as exc:
-                    return _error(404, str(exc), "not_found")
-                except SessionGone as exc:
-                    return _error(410, str(exc), "session_gone")
-                except QuotaExceeded as exc:
-                    response = _error(429, str(exc), "quota_exceeded")
-                    response.headers["x-should-retry"] = "false"
-                    return response
-                except Backpressure as exc:
-                    response = _error(429, str(exc), "backpressure")
-                    response.headers["retry-after"] = "1"
-                    return response
-                except BodyTooLarge as exc:
-                    return _error(413, str(exc), "payload_too_large")
-                except BodyTooSlow as exc:
-                    return _error(408, str(exc), "request_timeout")
-                except (
-                    UserError, LossError, CheckpointError, ExportError, WireError, MalformedBody
-                ) as exc:
-                    return _error(400, str(exc), "invalid_request")
                 except Exception as exc:  # noqa: BLE001 - never crash the server on a request
-                    # Anything else is the server's fault, whatever its type (a ValueError
-                    # from a bug is no user error): a 500 with the traceback in the log.
-                    log.error("%s %s failed", method, path, exc_info=exc)
-                    return _error(
-                        500, f"internal server error ({type(exc).__name__})", "server_error"
-                    )
+                    return _error_for(exc, method, path)
                 if isinstance(result, Response):
                     return result
                 return JSONResponse(result)

@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from server.api.auth import AuthError, KeyRing
+from server.api.errors import error_response, request_error
 from server.api.http_body import BodyTooLarge, BodyTooSlow, read_body
 from server.distributed.store import (
     ENQUEUE_ONCE,
@@ -40,11 +41,10 @@ REPLY_WAIT_SECONDS = 25.0
 UNAUTHENTICATED = {"client/config", "client/dynamic_config"}
 
 
-def _error(status: int, message: str, kind: str, retry: bool | None = None) -> JSONResponse:
-    response = JSONResponse({"error": message, "type": kind}, status_code=status)
-    if retry is not None:
-        response.headers["x-should-retry"] = "true" if retry else "false"
-    return response
+def _refused(exc: Exception) -> JSONResponse:
+    """A request the gateway refuses before queueing it: the app's shapes, or a 400 for a body
+    that is not the JSON it must be."""
+    return request_error(exc) or error_response(400, str(exc), "invalid_request")
 
 
 def op_id_for(owner: str, method: str, path: str, idempotency_key: str | None) -> str:
@@ -87,12 +87,12 @@ class Gateway:
         reply = await self.wait_value(self.keys.reply(op_id), REPLY_WAIT_SECONDS)
         if reply is None:
             if await self.withdraw(op_id):
-                return _error(503, "no trainer took the request in time; retry", "unavailable",
-                              retry=True)
+                return error_response(503, "no trainer took the request in time; retry",
+                                      "unavailable", retry=True)
             reply = await self.wait_value(self.keys.reply(op_id), REPLY_WAIT_SECONDS)
         if reply is None:
-            return _error(503, "the trainer is still working on the request; retry",
-                          "unavailable", retry=True)
+            return error_response(503, "the trainer is still working on the request; retry",
+                                  "unavailable", retry=True)
         status, media_type, body = decode_reply(reply)
         return Response(body, status_code=status, media_type=media_type or None)
 
@@ -150,10 +150,8 @@ def create_gateway_app(client: aioredis.Redis, keys: KeyRing, prefix: str = "ar"
         try:
             who = owner(request)
             body = json.loads(await read_body(request) or b"{}")
-        except AuthError as exc:
-            return _error(401, str(exc), "authentication_error")
-        except (ValueError, BodyTooLarge, BodyTooSlow) as exc:
-            return _error(400, str(exc), "invalid_request")
+        except (AuthError, BodyTooLarge, BodyTooSlow, ValueError) as exc:
+            return _refused(exc)
         request_id = str(body.get("request_id"))
         meta = await gateway.redis.hgetall(gateway.keys.future(request_id))
         if not meta or meta.get(b"owner", b"").decode() != who:
@@ -174,10 +172,8 @@ def create_gateway_app(client: aioredis.Redis, keys: KeyRing, prefix: str = "ar"
         try:
             owner(request)
             await read_body(request)
-        except AuthError as exc:
-            return _error(401, str(exc), "authentication_error")
-        except (ValueError, BodyTooLarge, BodyTooSlow) as exc:
-            return _error(400, str(exc), "invalid_request")
+        except (AuthError, BodyTooLarge, BodyTooSlow, ValueError) as exc:
+            return _refused(exc)
         return JSONResponse({"status": "accepted" if request.url.path.endswith("telemetry")
                              else "ok"})
 
@@ -186,12 +182,8 @@ def create_gateway_app(client: aioredis.Redis, keys: KeyRing, prefix: str = "ar"
         try:
             who = "" if path in UNAUTHENTICATED else owner(request)
             body = await read_body(request)
-        except AuthError as exc:
-            return _error(401, str(exc), "authentication_error")
-        except BodyTooLarge as exc:
-            return _error(413, str(exc), "payload_too_large")
-        except ValueError as exc:
-            return _error(400, str(exc), "invalid_request")
+        except (AuthError, BodyTooLarge, BodyTooSlow, ValueError) as exc:
+            return _refused(exc)
         op_id = op_id_for(who, request.method, path, request.headers.get("x-idempotency-key"))
         fields: dict[str, str | bytes] = {
             "method": request.method,
@@ -205,8 +197,8 @@ def create_gateway_app(client: aioredis.Redis, keys: KeyRing, prefix: str = "ar"
             return await gateway.call(op_id, fields)
         except aioredis.RedisError:
             log.exception("redis unavailable for %s", path)
-            return _error(503, "the server's queue is unavailable; retry", "unavailable",
-                          retry=True)
+            return error_response(503, "the server's queue is unavailable; retry", "unavailable",
+                                  retry=True)
 
     return app
 

@@ -10,12 +10,12 @@ time in the kernel on 32 M minor faults.
 
 The policy here: blocks come from the heap (no `mmap`), one arena serves every thread (a thread
 arena cannot hold blocks over 64 MiB), and the heap is not trimmed while the engine works, so
-busy steps reuse warm memory. Once the engine has been idle for a while, the scheduler calls
-`release_freed_memory`, which hands every free page back (`malloc_trim`, the middle of the heap
-included): an idle server's RSS does not keep the high-water mark of its busiest batch, and
-shapes that fragment the heap cannot make it grow from one busy period to the next. Only glibc
-has these knobs; elsewhere this does nothing. `AUTORESEARCH_KEEP_FREED_MEMORY=0` keeps glibc's
-defaults.
+busy steps reuse warm memory. What is kept is bounded: after each batch the scheduler calls
+`release_above_budget`, and when the process's RSS exceeds `KEPT_MEMORY_FRACTION` of the
+machine's RAM every free page goes back (`malloc_trim`, the middle of the heap included), so
+shapes that fragment the heap cannot make RSS grow without bound; an engine idle for a while
+gives everything back (`release_freed_memory`). Only glibc has these knobs; elsewhere this does
+nothing. `AUTORESEARCH_KEEP_FREED_MEMORY=0` keeps glibc's defaults.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ _M_ARENA_MAX = -8
 _NEVER = -1
 """As a trim threshold, -1 becomes SIZE_MAX in glibc: never trim."""
 _TOP_PAD = 256 << 20
+KEPT_MEMORY_FRACTION = 0.3
+"""RSS above this share of physical memory after a batch makes the free pages go back."""
 _state: dict[str, bool] = {}
 
 
@@ -58,6 +60,23 @@ def keep_freed_memory() -> bool:
     _state["applied"] = all(mallopt(option, value) == 1 for option, value in settings)
     log.info("freed host memory kept for reuse: %s", _state["applied"])
     return _state["applied"]
+
+
+def resident_bytes() -> int:
+    """This process's resident set now (from `/proc/self/statm`; 0 where there is none)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def release_above_budget(fraction: float = KEPT_MEMORY_FRACTION) -> bool:
+    """`release_freed_memory` if RSS exceeds `fraction` of physical memory; True if it did."""
+    if not _state.get("applied"):
+        return False
+    budget = fraction * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return resident_bytes() > budget and release_freed_memory()
 
 
 def release_freed_memory() -> bool:

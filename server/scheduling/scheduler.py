@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from server.engine.engine import Engine, ForwardBackwardJob, SampleJob, UserError
-from server.engine.host_memory import release_freed_memory
+from server.engine.host_memory import release_above_budget, release_freed_memory
 from server.observability.metrics import ServerMetrics
 from server.scheduling.gradient_commit import all_or_nothing
 
@@ -403,6 +403,7 @@ class Scheduler:
                 self._execute(kind, batch)
             finally:
                 self.metrics.duty.end()
+            release_above_budget()  # what the batch freed stays for the next, within a budget
             self._record(kind, batch)
 
     def _maintain(self) -> None:

@@ -89,3 +89,29 @@ def test_an_idle_engine_releases_kept_memory_once_per_idle_period(monkeypatch):
         assert len(calls) == 1
     finally:
         scheduler.stop()
+
+
+BUDGET_PROBE = """
+import json
+import numpy as np
+from server.engine.host_memory import keep_freed_memory, release_above_budget, resident_bytes
+assert keep_freed_memory()
+block = np.ones(64 << 20, np.float32)  # 256 MiB, freed: kept
+del block
+held = resident_bytes()
+generous = release_above_budget(fraction=1.0)  # RSS is far below all of RAM: nothing released
+after_generous = resident_bytes()
+tight = release_above_budget(fraction=1e-6)  # RSS is above a tiny budget: released
+print(json.dumps({"generous": generous, "tight": tight,
+                  "kept_mib": after_generous >> 20,
+                  "held_mib": held >> 20, "freed_mib": (after_generous - resident_bytes()) >> 20}))
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the policy is glibc's knobs")
+def test_kept_memory_is_released_only_above_the_budget():
+    out = subprocess.run([sys.executable, "-c", BUDGET_PROBE], capture_output=True, text=True,
+                         check=True).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["generous"] is False and result["kept_mib"] >= result["held_mib"] - 8
+    assert result["tight"] is True and result["freed_mib"] >= 200
