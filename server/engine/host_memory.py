@@ -36,7 +36,7 @@ _M_ARENA_MAX = -8
 _NEVER = -1
 """As a trim threshold, -1 becomes SIZE_MAX in glibc: never trim."""
 _TOP_PAD = 256 << 20
-KEPT_MEMORY_FRACTION = 0.3
+KEPT_MEMORY_FRACTION = 0.6
 """RSS above this share of physical memory after a batch makes the free pages go back."""
 _state: dict[str, bool] = {}
 
