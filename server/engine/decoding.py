@@ -120,8 +120,9 @@ def choose(
     vocab = logits.shape[-1]
     greedy = params.temperature <= 0
     if not params.sampled:
-        best, picks = logits.float().max(-1)
-        return picks, best - torch.logsumexp(logits.float(), -1)
+        plain = logits.float()
+        best, picks = plain.max(-1)
+        return picks, best - torch.logsumexp(plain, -1)
     scale = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
     filtered = torch.div(logits, scale[:, None].to(logits.device))  # float32 out of bf16 in
     if params.k_max > 0:
@@ -145,10 +146,9 @@ def choose(
     picked = filtered.gather(-1, picks[:, None])[:, 0]
     picked_lp = picked - best - torch.log(total)
     if params.k_max > 0 or params.nucleus:  # a greedy row's own logprob is unfiltered
-        plain = logits.float().gather(-1, picks[:, None])[:, 0] - torch.logsumexp(
-            logits.float(), -1
-        )
-        picked_lp = torch.where(greedy, plain, picked_lp)
+        plain = logits.float()
+        plain_lp = plain.gather(-1, picks[:, None])[:, 0] - torch.logsumexp(plain, -1)
+        picked_lp = torch.where(greedy, plain_lp, picked_lp)
     return picks, picked_lp
 
 

@@ -114,7 +114,6 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
             and packed_attention.install(self.model)
         )
 
-
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
         gen = getattr(self.model, "generation_config", None)
@@ -138,12 +137,10 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
         adapter = new_adapter(self.layers, spec, seed, self.device)
         return RunState(adapter, self._optimizer(adapter))
 
-
     def _optimizer(self, adapter: AdapterWeights) -> torch.optim.AdamW:
         return torch.optim.AdamW(
             adapter.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0
         )
-
 
     def restore_run(self, adapter: AdapterWeights, optimizer_state: dict | None) -> RunState:
         for tensor in adapter.parameters():
@@ -158,7 +155,6 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
                 "loaded with load_state"
             )
         return state
-
 
     def _check_vocab(self, tokens: np.ndarray, what: str) -> None:
         if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):

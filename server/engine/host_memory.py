@@ -39,6 +39,7 @@ _TOP_PAD = 256 << 20
 KEPT_MEMORY_FRACTION = 0.6
 """RSS above this share of physical memory after a batch makes the free pages go back."""
 _state: dict[str, bool] = {}
+_libc: list[ctypes.CDLL] = []
 
 
 def keep_freed_memory() -> bool:
@@ -52,9 +53,11 @@ def keep_freed_memory() -> bool:
     if platform.libc_ver()[0] != "glibc":
         return False
     try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
+    _libc.append(libc)
     settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER),
                 (_M_TOP_PAD, _TOP_PAD))
     _state["applied"] = all(mallopt(option, value) == 1 for option, value in settings)
@@ -84,5 +87,4 @@ def release_freed_memory() -> bool:
     did. For an idle engine: the next batch faults its pages in again."""
     if not _state.get("applied"):
         return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    return bool(libc.malloc_trim(0))
+    return bool(_libc[0].malloc_trim(0))

@@ -14,7 +14,7 @@ import torch
 from server.engine import losses, packed_attention, prefix_sharing
 from server.engine.jobs import ForwardBackwardJob
 from server.engine.lora import RowGroup, routing
-from server.engine.training import _pad, _routed_adapter
+from server.engine.training import _pad, _routed_adapter, padded_batches
 
 
 class PackedTraining:
@@ -37,25 +37,9 @@ class PackedTraining:
             [(id(_routed_adapter(jobs[j])), jobs[j].forward_only) for j, _ in rows],
             row_tokens=min(prefix_sharing.ROW_TOKENS, self.tokens_per_microbatch),
         )
-        for part in self._packed_microbatches(packed):
+        lengths = [len(row.tokens) for row in packed]
+        for part in padded_batches(packed, lengths, self.tokens_per_microbatch):
             self._run_packed(jobs, rows, part, per_row_lp, per_row_loss)
-
-
-    def _packed_microbatches(
-        self, packed: list[prefix_sharing.PackedRow]
-    ) -> list[list[prefix_sharing.PackedRow]]:
-        """Packed rows in micro-batches of at most `tokens_per_microbatch` padded tokens."""
-        parts: list[list[prefix_sharing.PackedRow]] = [[]]
-        longest = 0
-        for row in packed:
-            n = len(row.tokens)
-            if parts[-1] and max(longest, n) * (len(parts[-1]) + 1) > self.tokens_per_microbatch:
-                parts.append([])
-                longest = 0
-            parts[-1].append(row)
-            longest = max(longest, n)
-        return parts
-
 
     def _packed_inputs(
         self, packed: list[prefix_sharing.PackedRow]
@@ -82,7 +66,6 @@ class PackedTraining:
             for layer_type in self._layer_types
         }
         return tokens, positions, real, layouts
-
 
     def _run_packed(
         self,

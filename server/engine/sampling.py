@@ -81,7 +81,6 @@ class Sampling:
             )
         self._check_stop(p.stop)
 
-
     def _check_stop(self, stop: list[str] | list[int] | None) -> None:
         if stop is None:
             return
@@ -96,11 +95,9 @@ class Sampling:
             return
         raise UserError("stop takes strings or token ids, not a mix or other values")
 
-
     @staticmethod
     def _max_new(job: SampleJob) -> int:
         return DEFAULT_MAX_TOKENS if job.params.max_tokens is None else job.params.max_tokens
-
 
     @torch.inference_mode()
     def prompt_logprobs(
@@ -136,7 +133,6 @@ class Sampling:
                 np.concatenate([pad_lp, *(v.cpu().numpy().astype(np.float32) for v in top_lps)]),
             )
         return values, top
-
 
     @torch.inference_mode()
     def sample(self, jobs: list[SampleJob]) -> list[SampleResult]:
@@ -177,7 +173,6 @@ class Sampling:
         self.stats.sample_batches += 1
         return results
 
-
     def _shared_prompt_logprobs(self, jobs: list[SampleJob]) -> list[np.ndarray]:
         """`prompt_logprobs` of many prompts in packed forwards: prompts of one adapter that
         share a prefix (a group's samples scored against a reference) compute it once."""
@@ -206,7 +201,6 @@ class Sampling:
             np.concatenate([[np.nan], per_row_lp[(j, 0)]]).astype(np.float32)
             for j in range(len(jobs))
         ]
-
 
     def _decode(self, jobs: list[SampleJob]) -> list[list[SampledSequence]]:
         """Decode every job's rows together; finished rows leave the batch as they pile up.
@@ -317,7 +311,6 @@ class Sampling:
             results[owners[r]].append(SampledSequence(out_tokens[r], out_lps[r], stopped[r]))
         return results
 
-
     def _row_params(self, jobs: list[SampleJob]) -> decoding.RowParams:
         """Every row's sampling parameters and random key, on the device.
 
@@ -336,7 +329,6 @@ class Sampling:
                 top_ps.append(float(p.top_p))
                 keys.append(decoding.row_key(base, k))
         return decoding.row_params(temperatures, top_ks, top_ps, keys, self.device)
-
 
     def _stop_rule(self, job: SampleJob) -> Callable[[list[int]], bool]:
         """A fresh per-row predicate on the generated tokens, called once per new token."""

@@ -38,7 +38,6 @@ class HeadScoring:
         """
         return torch.gather(self._vocab_logprobs(hidden, groups), -1, targets)
 
-
     def _vocab_logprobs(self, hidden: torch.Tensor, groups: list[RowGroup]) -> torch.Tensor:
         """Log-softmax over the vocabulary of the (LoRA-routed, soft-capped) output head."""
         with routing(groups):
@@ -46,7 +45,6 @@ class HeadScoring:
         if self._softcap:
             logits = torch.tanh(logits / self._softcap) * self._softcap
         return torch.log_softmax(logits, dim=-1)
-
 
     def _target_logprobs(
         self,
@@ -97,7 +95,6 @@ class HeadScoring:
         picked = self._picked_logprobs(hidden[rows, cols], targets[rows, cols], picked_groups)
         return torch.index_put(scored, (rows, cols), picked)
 
-
     def _picked_logprobs(
         self, hidden: torch.Tensor, targets: torch.Tensor, groups: list[RowGroup]
     ) -> torch.Tensor:
@@ -129,7 +126,6 @@ class HeadScoring:
             )
         return torch.cat(parts)
 
-
     def _subset_logprobs(
         self,
         values: torch.Tensor,
@@ -159,7 +155,6 @@ class HeadScoring:
         )
         index = on_subset.nonzero(as_tuple=True)[0].to(self.device)
         return torch.index_put(values, (index,), scored)
-
 
     def _pair_logprobs(
         self,
@@ -204,7 +199,6 @@ class HeadScoring:
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(len(order))
         return values[inverse.to(self.device)]
-
 
     def _gather_head(
         self, hidden: torch.Tensor, pos: torch.Tensor, targets: torch.Tensor, groups: list[RowGroup]

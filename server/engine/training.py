@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -24,6 +25,8 @@ from server.engine.jobs import (
     UserError,
 )
 from server.engine.lora import AdapterWeights, RowGroup
+
+T = TypeVar("T")
 
 TOKENS_PER_MICROBATCH = {"cpu": 2048}
 """Padded tokens per training micro-batch, by device type (default 8192). Activations kept for
@@ -99,7 +102,6 @@ class Training:
                     )
         del loss_fn
 
-
     @staticmethod
     def _active_positions(
         loss_fn: str, inputs: dict[str, torch.Tensor], real: torch.Tensor
@@ -113,7 +115,6 @@ class Training:
         if loss_fn in losses.NEEDS_SAMPLING_RECORD:
             return inputs[losses.RECORDED_MASK] != 0
         return real.bool()  # e.g. dro: its quadratic term is not masked by the advantages
-
 
     def forward_backward(self, jobs: list[ForwardBackwardJob]) -> list[ForwardBackwardResult]:
         """Run several runs' forward_backward work as fused, padded micro-batches.
@@ -130,7 +131,8 @@ class Training:
         if self.share_prefixes and self._can_pack:
             self._forward_packed(jobs, rows, per_row_lp, per_row_loss)
         else:
-            for chunk in self._microbatches(jobs, rows):
+            lengths = [len(jobs[j].data[i].tokens) for j, i in rows]
+            for chunk in padded_batches(rows, lengths, self.tokens_per_microbatch):
                 self._run_microbatch(jobs, chunk, per_row_lp, per_row_loss)
         results = []
         for j, job in enumerate(jobs):
@@ -142,23 +144,6 @@ class Training:
         self.stats.last_batch_rows = len(rows)
         self.stats.train_tokens += sum(len(jobs[j].data[i].tokens) for j, i in rows)
         return results
-
-
-    def _microbatches(
-        self, jobs: list[ForwardBackwardJob], rows: list[tuple[int, int]]
-    ) -> list[list[tuple[int, int]]]:
-        chunks: list[list[tuple[int, int]]] = [[]]
-        longest = 0
-        for row in rows:
-            n = len(jobs[row[0]].data[row[1]].tokens)
-            limit = self.tokens_per_microbatch
-            if chunks[-1] and max(longest, n) * (len(chunks[-1]) + 1) > limit:
-                chunks.append([])
-                longest = 0
-            chunks[-1].append(row)
-            longest = max(longest, n)
-        return chunks
-
 
     def _run_microbatch(
         self,
@@ -228,7 +213,6 @@ class Training:
             if needs_grad and total.requires_grad:
                 total.backward()
 
-
     def optim_step(self, state: RunState, params: AdamParams) -> dict[str, float]:
         """One AdamW step on this run only; its gradient norm is clipped on its own gradients.
 
@@ -270,6 +254,20 @@ class Training:
         state.steps += 1
         self.stats.busy_seconds += time.perf_counter() - started
         return {"grad_norm:mean": norm, "learning_rate:mean": params.learning_rate}
+
+
+def padded_batches(items: list[T], lengths: list[int], limit: int) -> list[list[T]]:
+    """Consecutive items in micro-batches whose padded size (the longest item times their
+    count) stays within `limit` tokens; an item longer than `limit` gets a batch of its own."""
+    batches: list[list[T]] = [[]]
+    longest = 0
+    for item, n in zip(items, lengths, strict=True):
+        if batches[-1] and max(longest, n) * (len(batches[-1]) + 1) > limit:
+            batches.append([])
+            longest = 0
+        batches[-1].append(item)
+        longest = max(longest, n)
+    return batches
 
 
 def _pad(rows: list[np.ndarray], width: int, value: float, dtype: torch.dtype) -> torch.Tensor:
