@@ -5,7 +5,10 @@ The method list is not written by hand: every public callable of every `*Client`
 
 - *probed*: called against the server (sync variants with `.result()`, `*_async` variants awaited
   under asyncio, both through the same checker in `tools.compat_probes`) and its answer checked
-  for meaning: lengths, finiteness, round trips, state that changes or is restored;
+  for meaning: lengths, finiteness, round trips, state that changes or is restored. It counts as
+  supported only if the server saw an API request during the probe (its
+  `autoresearch_api_requests_total` counter, background heartbeats left out); a method that
+  checks out without one is *client-side*, reported apart and not counted as supported;
 - *unsupported by design*: a hosted-service feature with no self-hosted counterpart, listed with
   the reason in `tools.compat_probes.UNSUPPORTED`;
 - or *failed*: the probe raised, timed out, or an answer did not check out.
@@ -24,7 +27,6 @@ Without `--url` the report starts an in-process server (`ServerThread`) on the p
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import enum
 import inspect
 import logging
@@ -39,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import tinker
 
 from tools.compat_probes import PROBES, UNSUPPORTED, Call, Workspace, family
@@ -46,12 +49,16 @@ from tools.compat_probes import PROBES, UNSUPPORTED, Call, Workspace, family
 log = logging.getLogger(__name__)
 
 REGENERATE = "python -m tools.compat_report --out docs/tinker-compatibility.md"
+BACKGROUND_ROUTES = ("/api/v1/session_heartbeat", "/api/v1/client/dynamic_config")
+"""Routes the SDK calls on its own timers: a request there says nothing about the probe."""
 DEFAULT_API_KEY = "tml-compat-report"
 
 
 class Status(enum.StrEnum):
     SUPPORTED = "supported"
-    """Called against the server and its answer checked."""
+    """Called, its answer checked, and the server saw the request."""
+    CLIENT_SIDE = "client-side"
+    """Called and checked, but it sent the server nothing: the SDK answers it alone."""
     UNSUPPORTED = "unsupported by design"
     """A hosted-service feature with no self-hosted counterpart."""
     FAILED = "failed"
@@ -74,7 +81,9 @@ class Report:
     sdk_version: str
     server_url: str
     base_model: str
-    generated: str
+    requests_counted: bool
+    """Whether the server exposes its API request counter (this server's `/metrics` does); if
+    not, probed methods count as supported without proof that they reached it."""
     outcomes: list[Outcome] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -130,21 +139,24 @@ def _run_with_deadline(
 
 
 # ---------------------------------------------------------------------------------- report
-def run_report(url: str, api_key: str = DEFAULT_API_KEY, timeout: float = 120.0) -> Report:
-    """Probe every public SDK client method against the server at `url`."""
+def run_report(url: str, api_key: str = DEFAULT_API_KEY, timeout: float = 120.0,
+               model_label: str | None = None) -> Report:
+    """Probe every public SDK client method against the server at `url`; `model_label` names
+    the model in the report instead of the server's own name for it (a temporary path, say)."""
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     started = time.perf_counter()
     ws = Workspace(url, api_key, timeout)
     report = Report(
         sdk_version=getattr(tinker, "__version__", "unknown"),
         server_url=url,
-        base_model=ws.base_model,
-        generated=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        base_model=model_label or ws.base_model,
+        requests_counted=server_requests(url) is not None,
     )
+    counter = (lambda: server_requests(url)) if report.requests_counted else None
     try:
         for client, cls in client_classes().items():
             for method in public_methods(cls):
-                report.outcomes.append(classify(ws, client, cls, method, timeout))
+                report.outcomes.append(classify(ws, client, cls, method, timeout, counter))
     finally:
         try:
             ws.close()
@@ -154,8 +166,28 @@ def run_report(url: str, api_key: str = DEFAULT_API_KEY, timeout: float = 120.0)
     return report
 
 
-def classify(ws: Workspace, client: str, cls: type, method: str, timeout: float) -> Outcome:
-    """Declared unsupported, or probed under a deadline; never raises."""
+def server_requests(url: str) -> int | None:
+    """API requests the server has received so far, background routes left out; None when the
+    server does not expose `autoresearch_api_requests_total`."""
+    try:
+        text = httpx.get(url.rstrip("/") + "/metrics", timeout=10).raise_for_status().text
+    except httpx.HTTPError:
+        return None
+    total, found = 0, False
+    for line in text.splitlines():
+        if not line.startswith("autoresearch_api_requests_total{"):
+            continue
+        found = True
+        labels, value = line.rsplit(" ", 1)
+        if not any(f'route="{route}"' in labels for route in BACKGROUND_ROUTES):
+            total += int(float(value))
+    return total if found else None
+
+
+def classify(ws: Workspace, client: str, cls: type, method: str, timeout: float,
+             requests: Callable[[], int | None] | None = None) -> Outcome:
+    """Declared unsupported, or probed under a deadline; never raises. With `requests` (the
+    server's request count), a probe that sent nothing is client-side, not supported."""
     note = sdk_note(cls, method)
     reason = UNSUPPORTED.get((client, family(method)))
     if reason is not None:
@@ -170,6 +202,7 @@ def classify(ws: Workspace, client: str, cls: type, method: str, timeout: float)
             note,
         )
     call = Call(method, timeout)
+    before = requests() if requests else None
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -181,12 +214,21 @@ def classify(ws: Workspace, client: str, cls: type, method: str, timeout: float)
         return Outcome(
             client, method, Status.FAILED, f"{type(error).__name__}: {message}", note, seconds
         )
+    after = requests() if requests else None
+    if before is not None and after is not None and after == before:
+        return Outcome(client, method, Status.CLIENT_SIDE, detail or "", note, seconds)
     return Outcome(client, method, Status.SUPPORTED, detail or "", note, seconds)
 
 
 def render(report: Report) -> str:
     """The report as Markdown: a summary, then one table per client."""
-    supported, unsupported, failed = (report.count(s) for s in Status)
+    supported, client_side, unsupported, failed = (report.count(s) for s in Status)
+    counted = (
+        "the server's API request counter was read around every probe"
+        if report.requests_counted
+        else "this server exposes no API request counter, so supported rows are not proven to "
+        "have reached it"
+    )
     lines = [
         f"<!-- Generated by `{REGENERATE}`. Do not edit by hand. -->",
         "",
@@ -195,20 +237,21 @@ def render(report: Report) -> str:
         f"Generated file: regenerate with `{REGENERATE}`.",
         "",
         f"- SDK: `tinker` {report.sdk_version}",
-        f"- Date: {report.generated}",
         f"- Server model: `{report.base_model}`",
         f"- Methods: {len(report.outcomes)} public methods of "
         f"{len({o.client for o in report.outcomes})} client classes, found by introspection",
-        f"- Summary: **{supported} supported**, **{unsupported} unsupported by design**, "
-        f"**{failed} failed**",
+        f"- Summary: **{supported} supported**, **{client_side} client-side**, "
+        f"**{unsupported} unsupported by design**, **{failed} failed**",
         "",
-        "*Supported* means the method was called against the server and its answer checked, "
-        "as described per row; `*_async` variants run the same checks under asyncio. "
-        "*Unsupported by design* means a hosted-service feature with no self-hosted "
-        "counterpart. *Failed* rows carry the error.",
+        "*Supported* means the method was called against the server, the server received the "
+        f"request ({counted}), and its answer was checked as described per row; `*_async` "
+        "variants run the same checks under asyncio. *Client-side* methods were called and "
+        "checked but send the server nothing (the SDK answers them alone), so they say nothing "
+        "about the server and are not counted as supported. *Unsupported by design* means a "
+        "hosted-service feature with no self-hosted counterpart. *Failed* rows carry the error.",
         "",
-        "| Client | Supported | Unsupported by design | Failed |",
-        "|---|---|---|---|",
+        "| Client | Supported | Client-side | Unsupported by design | Failed |",
+        "|---|---|---|---|---|",
     ]
     clients = list(dict.fromkeys(o.client for o in report.outcomes))
     for client in clients:
@@ -235,19 +278,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-key", help=f"default: $TINKER_API_KEY or {DEFAULT_API_KEY}")
     parser.add_argument("--model", help="model for the in-process server (default: packaged Gemma)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per method")
+    parser.add_argument("--model-label", help="how the report names the server's model")
     args = parser.parse_args(argv)
     api_key = args.api_key or os.environ.get("TINKER_API_KEY") or DEFAULT_API_KEY
     # Tokenizers and models come from local directories; never sit in Hub retries (unless asked).
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with _quiet_sdk_logs():
         if args.url:
-            report = run_report(args.url, api_key, args.timeout)
+            report = run_report(args.url, api_key, args.timeout, args.model_label)
         else:
-            report = _report_in_process(args.model, api_key, args.timeout)
+            report = _report_in_process(args.model, api_key, args.timeout, args.model_label)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(render(report))
     print(
         f"{args.out}: {report.count(Status.SUPPORTED)} supported, "
+        f"{report.count(Status.CLIENT_SIDE)} client-side, "
         f"{report.count(Status.UNSUPPORTED)} unsupported by design, "
         f"{report.count(Status.FAILED)} failed ({report.seconds:.0f} s)"
     )
@@ -273,13 +318,14 @@ def _quiet_sdk_logs() -> Iterator[None]:
         sdk_log.removeHandler(handler)
 
 
-def _report_in_process(model: str | None, api_key: str, timeout: float) -> Report:
+def _report_in_process(model: str | None, api_key: str, timeout: float,
+                       model_label: str | None) -> Report:
     from server.entrypoints.runtime import ServerConfig, ServerThread
 
     with tempfile.TemporaryDirectory(prefix="compat-report-") as data_dir:
         config = ServerConfig(model=model, port=0, data_dir=Path(data_dir), api_keys="")
         with ServerThread(config) as server:
-            return run_report(server.url, api_key, timeout)
+            return run_report(server.url, api_key, timeout, model_label)
 
 
 if __name__ == "__main__":

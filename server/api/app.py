@@ -156,7 +156,10 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
         """Register a handler whose exceptions become the SDK's error shapes."""
 
         def decorate(handler: Handler) -> Handler:
+            requests_seen = service.metrics.api_requests.labels(method, api + path)
+
             async def endpoint(request: Request) -> Response:
+                requests_seen.inc()
                 try:
                     who = owner(request) if authenticated else ""
                     result = (

@@ -110,6 +110,12 @@ class ServerMetrics:
         self.requests = Counter(
             "autoresearch_requests", "Completed requests", ["kind", "outcome"], registry=r
         )
+        self.api_requests = Counter(
+            "autoresearch_api_requests",
+            "HTTP API requests received, by method and route template",
+            ["method", "route"],
+            registry=r,
+        )
         self.rejections = Counter(
             "autoresearch_backpressure_rejections",
             "Requests refused with 429 by quota",
