@@ -9,28 +9,26 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from rewards.components import default_weights
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class RewardWeights(_Frozen):
-    """Weight of each score component in the total; every component lies in [0, 1].
+MAX_WEIGHT = 10.0
 
-    The defaults follow the robust Arctic-style reward: execution match dominates and a small
-    bonus rewards SQL that runs. Partial credit is off by default because published runs saw
-    policies farm it.
-    """
-
-    format: float = Field(0.0, ge=0.0, le=10.0)
-    parses: float = Field(0.0, ge=0.0, le=10.0)
-    executes: float = Field(0.1, ge=0.0, le=10.0)
-    result: float = Field(1.0, ge=0.0, le=10.0)
-    columns: float = Field(0.0, ge=0.0, le=10.0)
-    rows: float = Field(0.0, ge=0.0, le=10.0)
-    length: float = Field(0.0, ge=0.0, le=10.0)
+RewardWeights = create_model(
+    "RewardWeights",
+    __base__=_Frozen,
+    __doc__="Weight of each score component in the total (fields and defaults from "
+    "`rewards.components.Components`, the one list of components).",
+    __module__=__name__,
+    **{name: (float, Field(weight, ge=0.0, le=MAX_WEIGHT))
+       for name, weight in default_weights().items()},
+)
 
 
 class MatchConfig(_Frozen):

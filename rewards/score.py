@@ -13,10 +13,11 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from rewards import compare
-from rewards.config import RewardConfig, RewardWeights
+from rewards.components import Components
+from rewards.config import RewardConfig
 from rewards.extract import extract
 from rewards.sandbox import UNSAFE, Database, Outcome, QueryResult, Sandbox, SandboxBroken
 from rewards.sqlinfo import has_top_level_order_by
@@ -25,33 +26,6 @@ from rewards.task import Task
 NO_SQL = "no_sql"
 GOLD_ERROR = "gold_error"
 CRASHED = "crashed"
-
-
-@dataclass(frozen=True)
-class Components:
-    """Named parts of a reward, each in [0, 1]."""
-
-    format: float = 0.0
-    """The completion starts with the query (or its code fence): no prose before it."""
-    parses: float = 0.0
-    """One statement that sqlglot parses."""
-    executes: float = 0.0
-    """Ran without error on every database copy."""
-    result: float = 0.0
-    """Execution match on every copy: the verdict."""
-    columns: float = 0.0
-    """Share of gold columns reproduced, averaged over copies; 1 when correct."""
-    rows: float = 0.0
-    """F1 of the row multisets, averaged over copies; 1 when correct."""
-    length: float = 0.0
-    """For SQL that runs: 1 within the length budget relative to the gold, falling linearly to
-    0 at twice it."""
-
-    def total(self, weights: RewardWeights) -> float:
-        return sum(getattr(self, name) * w for name, w in weights.model_dump().items())
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
