@@ -24,17 +24,15 @@ import os
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LOAD_LINE = re.compile(r"loaded \S+ from (\w+) on \S+ in ([0-9.]+)s")
+sys.path.insert(0, str(ROOT))
+LOAD_LINE = re.compile(r"loaded \S+ from (\w+) on .*? in ([0-9.]+)s$", re.MULTILINE)
 
 
 @dataclass
@@ -49,51 +47,22 @@ class Start:
     """Where the weights came from: `gguf` (converted now) or `cache`."""
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return response.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return False
-
-
 def start_server(cache_root: Path, timeout: float) -> Start:
     """Spawn the server, wait for its health check, stop it, and read its load time."""
+    from server.entrypoints.runtime import free_port
+    from tools.processes import ServiceProcess, server_command
+
     port = free_port()
     env = dict(os.environ, AUTORESEARCH_CACHE=str(cache_root))
-    with tempfile.TemporaryDirectory(prefix="bench-data-") as data, \
-            tempfile.TemporaryFile("w+") as log:
-        command = [sys.executable, "-m", "server", "--port", str(port), "--data-dir", data]
+    with tempfile.TemporaryDirectory(prefix="bench-data-") as data:
+        server = ServiceProcess(server_command("--port", str(port), "--data-dir", data),
+                                Path(data) / "server.log", url=f"http://127.0.0.1:{port}",
+                                env=env)
         started = time.perf_counter()
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log,
-                                   stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{port}/api/v1/healthz"
-            while not healthy(url):
-                if process.poll() is not None:
-                    log.seek(0)
-                    raise RuntimeError(f"server exited with {process.returncode}:\n{log.read()}")
-                if time.perf_counter() - started > timeout:
-                    raise RuntimeError(f"server not healthy after {timeout:.0f}s")
-                time.sleep(0.05)
+        with server:
+            server.wait_answers(timeout=timeout)
             elapsed = time.perf_counter() - started
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        log.seek(0)
-        match = LOAD_LINE.search(log.read())
+        match = LOAD_LINE.search(server.tail(chars=1_000_000))
     if match is None:
         raise RuntimeError("the server log has no 'loaded ... in Ns' line")
     return Start(elapsed, float(match.group(2)), match.group(1))

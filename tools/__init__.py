@@ -5,5 +5,8 @@ server supports and regenerates `docs/tinker-compatibility.md`:
 
     python -m tools.compat_report --out docs/tinker-compatibility.md
 
-May import `server` (to start one in process); nothing imports `tools`.
+`processes` starts, waits for and stops the child processes (servers, workers, JupyterLab) that
+the tests and benchmarks need, with the one `wait_until` polling loop.
+
+May import `server` (to start one in process); only tests and benchmarks import `tools`.
 """

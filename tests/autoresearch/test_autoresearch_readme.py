@@ -23,17 +23,16 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
 from tests.autoresearch.study_helpers import tiny_trial
+from tools.processes import ServiceProcess
 
 pytestmark = pytest.mark.timeout(900)
 REPO = Path(__file__).resolve().parents[2]
@@ -115,29 +114,11 @@ def readme_server(sql_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     port = free_port()
     line = shlex.join(server_commands[0] + ["--model", str(sql_model_dir), "--port", str(port),
                                             "--data-dir", str(root / "data")])
-    log = open(root / "server.log", "wb")  # noqa: SIM115 - closed below
-    process = subprocess.Popen(["bash", "-c", line], cwd=root, env=activated_env(),
-                               stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert process.poll() is None, (root / "server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the server did not come up"
-            try:
-                if httpx.get(url + "/api/v1/healthz", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(30)
-        log.close()
+    server = ServiceProcess(["bash", "-c", line], root / "server.log",
+                            url=f"http://127.0.0.1:{port}", env=activated_env(), cwd=root)
+    with server:
+        server.wait_answers()
+        yield server.url
 
 
 def test_make_targets_and_set_up_lines_are_real():

@@ -12,9 +12,7 @@ import json
 import os
 import secrets
 import shutil
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +22,7 @@ import pytest
 
 from autoresearch.ui.notebooks import inject_parameters
 from tests.notebooks.conftest import ARTIFACTS, NOTEBOOKS
+from tools.processes import ServiceProcess
 
 CHROMIUM = os.environ.get("AUTORESEARCH_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -66,20 +65,11 @@ def jupyterlab(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
                f"--ServerApp.root_dir={notebooks}", "--ServerApp.open_browser=False"]
     if os.geteuid() == 0:
         command.append("--allow-root")
-    log = (tmp_path / "jupyterlab.log").open("wb")
-    lab = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    lab = ServiceProcess(command, tmp_path / "jupyterlab.log", url=f"http://127.0.0.1:{port}",
+                         env=env).start()
+    url = lab.url
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"{url}/api/status", params={"token": token}).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if lab.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError((tmp_path / "jupyterlab.log").read_text()[-3000:])
-            time.sleep(0.5)
+        lab.wait_answers("/api/status", 200, timeout=90, token=token)
         yield url, token, notebooks
     finally:
         headers = {"Authorization": f"token {token}"}
@@ -88,13 +78,7 @@ def jupyterlab(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
                 httpx.delete(f"{url}/api/kernels/{kernel['id']}", headers=headers, timeout=30)
         except httpx.HTTPError:
             pass
-        lab.terminate()
-        try:
-            lab.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            lab.kill()
-            lab.wait()
-        log.close()
+        lab.stop()
         shutil.copy(tmp_path / "jupyterlab.log", ARTIFACTS / "jupyterlab.log")
 
 

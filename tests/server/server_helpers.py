@@ -7,18 +7,16 @@ thread while it queues work, and see which batches the scheduler formed.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import numpy as np
 import tinker
 from tinker import types
+
+from tools.processes import ServiceProcess, server_command, wait_until, without_api_keys
 
 TINY_CORPUS = [
     "select name from users where id = 1;",
@@ -94,7 +92,7 @@ def start_server(model_dir: Path | None, data_dir: Path, **overrides):
     return ServerThread(config).start()
 
 
-class SubprocessServer:
+class SubprocessServer(ServiceProcess):
     """`python -m server` in its own process, as an operator would run it."""
 
     def __init__(self, model_dir: Path, data_dir: Path, log_path: Path,
@@ -102,40 +100,16 @@ class SubprocessServer:
         from server.entrypoints.runtime import free_port
 
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {k: v for k, v in os.environ.items() if k != "AUTORESEARCH_API_KEYS"}
-        if api_keys:
-            env["AUTORESEARCH_API_KEYS"] = api_keys
-        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "server", "--model", str(model_dir), "--port",
-             str(self.port), "--data-dir", str(data_dir), "--dtype", "float32"],
-            cwd=REPO_ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-        )
-        self.log_path = log_path
+        keys = {"AUTORESEARCH_API_KEYS": api_keys} if api_keys else {}
+        super().__init__(
+            server_command("--model", str(model_dir), "--port", str(self.port), "--data-dir",
+                           str(data_dir), "--dtype", "float32"),
+            log_path, url=f"http://127.0.0.1:{self.port}", env=without_api_keys(**keys))
+        self.start()
 
     def wait_healthy(self, timeout: float = 300.0) -> SubprocessServer:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/api/v1/healthz", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"server not healthy: {self.log_path.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=20)
-        self._log.close()
+        self.wait_answers(timeout=timeout)
+        return self
 
 
 def start_redis(directory: Path) -> tuple[subprocess.Popen, str]:
@@ -153,15 +127,19 @@ def start_redis(directory: Path) -> tuple[subprocess.Popen, str]:
     )
     url = f"redis://127.0.0.1:{port}/0"
     client = redis.Redis.from_url(url)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
         try:
-            if client.ping():
-                return process, url
+            return bool(client.ping())
         except redis.RedisError:
-            time.sleep(0.05)
-    process.kill()
-    raise RuntimeError("redis-server did not start")
+            return False
+
+    try:
+        wait_until(answers, 10, "redis-server to answer a ping", interval=0.05)
+    except TimeoutError:
+        process.kill()
+        raise
+    return process, url
 
 
 # ------------------------------------------------------------------ data
@@ -271,22 +249,9 @@ class EngineProbe:
         self.engine.sample = self._sample
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
-    """Poll `predicate` until it holds; `TimeoutError` naming `what` if it never does."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what or 'the condition'}")
-        time.sleep(0.01)
-
-
 def wait_queued(scheduler, expected: dict[str, int], timeout: float = 30.0) -> None:
     """Block until each queue has at least `expected[name]` requests waiting (a run id, or
     `_sampling` for sample requests)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        depths = scheduler.queue_depths()
-        if all(depths.get(rid, 0) >= n for rid, n in expected.items()):
-            return
-        time.sleep(0.01)
-    raise TimeoutError(f"requests never queued: {scheduler.queue_depths()} vs {expected}")
+    wait_until(lambda: all(scheduler.queue_depths().get(rid, 0) >= n
+                           for rid, n in expected.items()),
+               timeout, f"requests queued as {expected}")

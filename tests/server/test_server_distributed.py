@@ -8,11 +8,8 @@ trainer worker runs here), so "the same weights" means bit-for-bit equal logprob
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +24,6 @@ from tinker import types
 
 from tests.server.server_helpers import (
     API_KEY,
-    REPO_ROOT,
     EngineProbe,
     forward_logprobs,
     new_run,
@@ -38,6 +34,7 @@ from tests.server.server_helpers import (
     wait_queued,
     wait_until,
 )
+from tools.processes import ServiceProcess, http_status, server_command, without_api_keys
 
 redis = pytest.importorskip("redis", reason="the Python Redis client is not installed (pip "
                                              "install redis)")
@@ -59,58 +56,13 @@ def _free_port() -> int:
     return free_port()
 
 
-class Process:
-    """One server role in its own process, with its output in a log file."""
+class Process(ServiceProcess):
+    """One server role (`python -m server ROLE ...`) in its own process."""
 
     def __init__(self, args: list[str], log_path: Path, port: int):
-        self.args, self.log_path, self.port = args, log_path, port
-        self.url = f"http://127.0.0.1:{port}"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> Process:
-        env = {k: v for k, v in os.environ.items() if k != "AUTORESEARCH_API_KEYS"}
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "server", *self.args, "--port", str(self.port)],
-                cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-            )
-        return self
-
-    def status(self, path: str) -> int | None:
-        try:
-            return httpx.get(self.url + path, timeout=2.0).status_code
-        except httpx.HTTPError:
-            return None
-
-    def wait_status(self, path: str, expected: int, timeout: float = START_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"{self.args[0]} exited:\n{self.tail()}")
-            if self.status(path) == expected:
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"{self.url}{path} never answered {expected}:\n{self.tail()}")
-
-    def tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def signal(self, sig: signal.Signals) -> None:
-        assert self.process is not None
-        self.process.send_signal(sig)
-        if sig == signal.SIGKILL:
-            self.process.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGCONT)
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=30)
+        self.args, self.port = args, port
+        super().__init__(server_command(*args, "--port", str(port)), log_path,
+                         url=f"http://127.0.0.1:{port}", env=without_api_keys())
 
 
 @dataclass
@@ -134,7 +86,7 @@ class Cluster:
 
     def wait_gateways(self, expected: int, timeout: float = START_TIMEOUT) -> None:
         for gateway in self.gateways:
-            gateway.wait_status("/readyz", expected, timeout)
+            gateway.wait_answers("/readyz", expected, timeout)
 
 
 @pytest.fixture(scope="module")
@@ -157,14 +109,14 @@ def cluster(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
                           root / "sampler.log", _free_port()).start()
         processes += [*gateways, sampler]
         for gateway in gateways:
-            gateway.wait_status("/api/v1/healthz", 200)
-        before = gateways[0].status("/readyz")
+            gateway.wait_answers("/api/v1/healthz", 200)
+        before = http_status(gateways[0].url + "/readyz")
         trainer = Process(trainer_args, root / "trainer-1.log", _free_port()).start()
         processes.append(trainer)
         cluster = Cluster(client, url, data_dir, gateways, trainer, sampler, trainer_args, root,
                           readyz_before_trainer=before)
         cluster.wait_gateways(200)
-        sampler.wait_status("/readyz", 200)
+        sampler.wait_answers("/readyz", 200)
         yield cluster
     finally:
         for process in processes + (cluster.extra if cluster else []):
@@ -203,7 +155,7 @@ def test_gateway_is_not_ready_until_a_trainer_heartbeats(cluster: Cluster) -> No
     assert cluster.readyz_before_trainer == 503
     ready = httpx.get(cluster.gateways[1].url + "/readyz", timeout=5).json()
     assert ready["trainers"] == ["trainer-0"]
-    assert cluster.gateways[0].status("/api/v1/healthz") == 200
+    assert http_status(cluster.gateways[0].url + "/api/v1/healthz") == 200
 
 
 def test_single_process_readyz_fails_while_the_engine_is_stuck_with_work_queued(
@@ -369,7 +321,7 @@ def test_a_trainer_killed_mid_queue_loses_and_duplicates_nothing(
                   for _ in range(second)]
         scored = client.forward(_scoring(data), "cross_entropy")
         queued[0][0].result(timeout=120)
-        cluster.trainer.signal(signal.SIGSTOP)
+        cluster.trainer.send(signal.SIGSTOP)
         # A request reaches the frozen trainer's queue; the trainer dies holding it.
         late = pool.submit(_post_until_answered, cluster.gateways[1].url, "create_session",
                            {"tags": ["late"]}, "late-session")
@@ -381,7 +333,7 @@ def test_a_trainer_killed_mid_queue_loses_and_duplicates_nothing(
                 move.lrem("ar:ops", 1, op_id).lpush("ar:ops:processing", op_id).execute()
             assert time.monotonic() < deadline, "the request never reached the queue"
             time.sleep(0.05)
-        cluster.trainer.signal(signal.SIGKILL)
+        cluster.trainer.send(signal.SIGKILL)
         cluster.wait_gateways(503, timeout=30)
 
         cluster.restart_trainer()
