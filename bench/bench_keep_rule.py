@@ -1,9 +1,10 @@
 """The keep rule's error rates: simulated studies, old rule beside new rule, in one run.
 
-Each simulated study has a baseline and several candidates, scored on a fixed set of dev tasks,
-and spends a confirmation budget as `autoresearch.study.runner` does (candidates decided in order; a
-promising one and the best are re-run with fresh seeds; the best's re-runs are reused). The NEW
-rule is the product's own `KeepRule` (built by `keep_rule_for` from the study budget); the
+Each simulated study has a baseline and several candidates, scored on a fixed set of dev tasks.
+The NEW rule is the product's own, applied by the study runner's own decision code
+(`autoresearch.study.confirmation.next_decision`, with the `KeepRule` that `keep_rule_for`
+builds from the study budget) to simulated trial rows: candidates decided in order, a
+promising one and the best re-run with fresh seeds, the best's re-runs reused. The
 OLD rule is the one it replaced, kept here as the baseline: a normal (Wald) interval on paired
 differences, seeds pooled as if they were new tasks, the selecting look pooled into the
 confirmation, and a significant single look kept when no budget is left.
@@ -38,11 +39,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "datasets")]
 
+from autoresearch.study.confirmation import Rerun, Wait, next_decision  # noqa: E402
 from autoresearch.study.decisions import keep_rule_for  # noqa: E402
 from autoresearch.study.spec import Study  # noqa: E402
 
 Z95 = 1.959963984540054
 SIGMA_TASK, SIGMA_INTERACTION, SIGMA_SEED = 1.5, 0.5, 0.1
+BASE_SEED = 0
+"""The first look's seed; confirmation re-runs use the seeds after it, as in a study."""
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -88,24 +92,35 @@ class World:
 
 
 # ------------------------------------------------------------------ the rules
+def _trial(number: int, role: str, config: int, seed: int, verdicts: dict[str, bool]) -> dict:
+    """A journal trial row with what the runner's decision code reads."""
+    return {"id": f"t{number:04d}", "role": role, "status": "done", "decision": None,
+            "finished": number, "config_key": f"config-{config}", "seed": seed,
+            "config_index": config, "dev": {"verdicts": verdicts}}
+
+
 def new_study(world: World, candidates: int, study: Study) -> int:
-    """The product's keep rule, spending the budget as the study runner does."""
+    """The product's keep rule, applied by the study runner's own decision code
+    (`confirmation.next_decision`) to simulated trials: the baseline and the candidates, each
+    run once with the base seed, and the confirmation re-runs it asks for."""
     rule, budget = keep_rule_for(study.budget), study.budget
-    seeds = list(range(1, budget.confirm_seeds + 1))
-    best, spent = 0, 0
-    for cand in range(1, candidates + 1):
-        action, _ = rule.first_look(world.run(cand, 0), world.run(best, 0))
-        if action != "confirm":
+    trials = [_trial(n, "baseline" if n == 0 else "explore", n, BASE_SEED, world.run(n, BASE_SEED))
+              for n in range(candidates + 1)]
+    best: dict | None = None
+    while (decision := next_decision(trials, best and best["id"], rule, budget,
+                                     BASE_SEED)) is not None:
+        if isinstance(decision, Wait):
+            raise RuntimeError(f"every simulated trial has finished, yet: {decision.reason}")
+        if isinstance(decision, Rerun):
+            for contender, seed in decision.missing:
+                config = contender["config_index"]
+                trials.append(_trial(len(trials), "confirm", config, seed,
+                                     world.run(config, seed)))
             continue
-        missing = len(seeds) + sum((best, s) not in world.runs for s in seeds)
-        if not seeds or spent + missing > budget.max_confirm_trials:
-            continue  # no budget: discarded, not kept
-        spent += missing
-        action, _ = rule.confirm([world.run(cand, s) for s in seeds],
-                                 [world.run(best, s) for s in seeds])
-        if action == "keep":
-            best = cand
-    return best
+        decision.candidate["decision"] = {"kept": decision.kept}
+        if decision.kept:
+            best = decision.candidate
+    return 0 if best is None else best["config_index"]
 
 
 def _wald_low(pairs: list[tuple[dict[str, bool], dict[str, bool]]]) -> tuple[float, float]:

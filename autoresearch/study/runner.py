@@ -39,6 +39,7 @@ from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.progress import ProgressCallback, ProgressTracker, describe
 from autoresearch.rl.record import TrialRecord
 from autoresearch.rl.trial import TrialResult
+from autoresearch.study.confirmation import ACTIVE, Rerun, Wait, next_decision
 from autoresearch.study.control import (
     ControlledExecutor,
     ControlledProposer,
@@ -71,7 +72,6 @@ def _run_exclusively(executor: Executor, job: TrialJob, sink: Any) -> TrialResul
         lock = _IN_PROCESS.setdefault(job.directory, threading.Lock())
     with lock:
         return executor.run(job, sink)
-ACTIVE = ("queued", "running")
 STEP_FLUSH_SECONDS = 2.0
 
 
@@ -640,100 +640,38 @@ class StudyRunner:
 
     # ----------------------------------------------------------- deciding
     def _decide(self) -> None:
-        """Apply the keep rule to finished trials, in order, until one has to wait."""
+        """Apply the keep rule to finished trials, in order, until one has to wait
+        (`confirmation.next_decision` decides; this carries it out in the journal)."""
         while True:
-            trials = self.journal.trials()
-            by_id = {t["id"]: t for t in trials}
-            undecided = sorted(
-                (t for t in trials if t["role"] in ("baseline", "explore")
-                 and t["status"] == "done" and t["decision"] is None),
-                key=lambda t: (t["role"] != "baseline", t["finished"]))
-            if not undecided:
+            decision = next_decision(self.journal.trials(), self.journal.study()["best_trial"],
+                                     self.rule, self.study.budget, self.space.base.seed)
+            if decision is None or isinstance(decision, Wait):
                 return
-            candidate = undecided[0]
-            best_id = self.journal.study()["best_trial"]
-            if best_id is None:
-                baseline = next((t for t in trials if t["role"] == "baseline"), None)
-                if candidate["role"] != "baseline" and baseline and baseline["status"] in ACTIVE:
-                    return  # every candidate is judged against the baseline: wait for it
-                note = ("the baseline is the first reference" if candidate["role"] == "baseline"
-                        else "the baseline crashed: the first finished trial is the reference")
-                self._record(candidate, None, "reference", None, "kept", note)
-                continue
-            incumbent = by_id[best_id]
-            action, test = self.rule.first_look(candidate["dev"]["verdicts"],
-                                                incumbent["dev"]["verdicts"])
-            rule, note = "first look", "not ahead enough on the first look to confirm"
-            if action == "confirm":
-                runs = self._replicates(candidate, incumbent, trials)
-                if runs is None:
-                    return  # re-runs queued or still running
-                if runs == "no budget":
-                    action, note = "discard", ("ahead on the first look, but no confirmation "
-                                               "budget left: not kept without confirmation")
-                elif not runs[0]:
-                    action, note = "discard", "every confirmation re-run crashed"
-                else:
-                    first = test
-                    action, test = self.rule.confirm(*runs)
-                    rule = "confirmation"
-                    note = (f"fresh seeds only: one-sided p={test.p_value:.4g} vs alpha "
-                            f"{self.rule.budget.per_confirmation:.4g} per confirmation; the "
-                            f"selecting first look was {first.difference.value:+.3f} "
-                            f"({first.wins:g} wins, {first.losses:g} losses)")
-            verdict = "kept" if action == "keep" else "discarded"
-            self._record(candidate, incumbent, rule, test, verdict, note)
+            if isinstance(decision, Rerun):
+                self._queue_reruns(decision)
+                return
+            verdict = "kept" if decision.kept else "discarded"
+            self._record(decision.candidate, decision.incumbent, decision.rule, decision.test,
+                         verdict, decision.note)
 
-    def _replicates(self, candidate: dict[str, Any], incumbent: dict[str, Any],
-                    trials: list[dict[str, Any]]):
-        """Verdicts of the fresh-seed re-runs of both contenders (never the first look's), None
-        while waiting, or "no budget". The incumbent's re-runs are reused across candidates."""
-        budget = self.study.budget
-        base_seed = self.space.base.seed
-        seeds = [base_seed + k for k in range(1, budget.confirm_seeds + 1)]
-        if not seeds:
-            return "no budget"
-        found: dict[tuple[str, int], dict[str, Any]] = {}
-        missing: list[tuple[dict[str, Any], int]] = []
-        for contender in (candidate, incumbent):
-            for seed in seeds:
-                match = next((t for t in trials if t["config_key"] == contender["config_key"]
-                              and t["seed"] == seed), None)
-                if match is None:
-                    missing.append((contender, seed))
-                else:
-                    found[(contender["id"], seed)] = match
-        if missing:
-            spent = sum(1 for t in trials if t["role"] == "confirm")
-            if spent + len(missing) > budget.max_confirm_trials:
-                return "no budget"
-            number = self.journal.next_number()
-            rows = []
-            best_config = TrialConfig.model_validate(incumbent["config"])
-            for contender, seed in missing:
-                config = TrialConfig.model_validate(contender["config"]).with_changes(
-                    {"seed": seed})
-                rows.append(self._trial_row(
-                    number, "confirm", config, contender["changes"] or {}, "keep rule",
-                    f"re-run of {contender['id']} with seed {seed}: {candidate['id']} was ahead "
-                    f"of {incumbent['id']} on the first look", best_config,
-                    incumbent["id"], replicate_of=contender["id"]))
-                number += 1
-            self.journal.add_trials(rows)
-            self.journal.event("decision", f"{candidate['id']} vs {incumbent['id']}: ahead on "
-                               f"the first look; confirming on fresh seeds {seeds}",
-                               candidate["id"], queued=[r["id"] for r in rows])
-            return None
-        if any(t["status"] in ACTIVE for t in found.values()):
-            return None
-        cand_runs: list[dict[str, bool]] = []
-        inc_runs: list[dict[str, bool]] = []
-        for seed in seeds:
-            a, b = found[(candidate["id"], seed)], found[(incumbent["id"], seed)]
-            if a["dev"] and b["dev"]:  # a crashed re-run drops its seed from both sides
-                cand_runs.append(a["dev"]["verdicts"])
-                inc_runs.append(b["dev"]["verdicts"])
-        return cand_runs, inc_runs
+    def _queue_reruns(self, rerun: Rerun) -> None:
+        """Journal the confirmation re-runs a first look asked for; the loop starts them."""
+        candidate, incumbent = rerun.candidate, rerun.incumbent
+        number = self.journal.next_number()
+        rows = []
+        best_config = TrialConfig.model_validate(incumbent["config"])
+        for contender, seed in rerun.missing:
+            config = TrialConfig.model_validate(contender["config"]).with_changes({"seed": seed})
+            rows.append(self._trial_row(
+                number, "confirm", config, contender["changes"] or {}, "keep rule",
+                f"re-run of {contender['id']} with seed {seed}: {candidate['id']} was ahead "
+                f"of {incumbent['id']} on the first look", best_config,
+                incumbent["id"], replicate_of=contender["id"]))
+            number += 1
+        self.journal.add_trials(rows)
+        self.journal.event("decision", f"{candidate['id']} vs {incumbent['id']}: ahead on "
+                           f"the first look; confirming on fresh seeds {rerun.seeds}",
+                           candidate["id"], queued=[r["id"] for r in rows])
 
     def _record(self, candidate: dict[str, Any], incumbent: dict[str, Any] | None, rule: str,
                 comparison: Any, verdict: str, note: str) -> None:

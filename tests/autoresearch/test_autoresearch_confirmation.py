@@ -1,0 +1,84 @@
+"""The keep rule's application to a study's trials (`confirmation.next_decision`), on journal
+rows alone: the order candidates are judged in, the re-runs a first look asks for, budgets,
+crashes and waiting."""
+
+from __future__ import annotations
+
+from autoresearch.study.confirmation import Rerun, Verdict, Wait, next_decision
+from autoresearch.study.decisions import keep_rule_for
+from autoresearch.study.spec import Budget
+
+TASKS = [f"dev-{i:03d}" for i in range(60)]
+BUDGET = Budget(max_trials=4, confirm_seeds=2, max_confirm_trials=4)
+RULE = keep_rule_for(BUDGET)
+
+
+def trial(number: int, role: str, key: str, right: int, seed: int = 0, status: str = "done",
+          finished: float | None = None) -> dict:
+    verdicts = {t: i < right for i, t in enumerate(TASKS)}
+    return {"id": f"t{number:04d}", "role": role, "status": status, "decision": None,
+            "finished": number if finished is None else finished, "config_key": key,
+            "seed": seed, "dev": {"verdicts": verdicts} if status == "done" else None}
+
+
+def test_the_baseline_is_judged_first_and_becomes_the_reference():
+    trials = [trial(1, "explore", "b", 30, finished=0), trial(0, "baseline", "a", 10,
+                                                                finished=5)]
+    decision = next_decision(trials, None, RULE, BUDGET, base_seed=0)
+    assert isinstance(decision, Verdict) and decision.kept
+    assert decision.candidate["id"] == "t0000" and decision.rule == "reference"
+
+
+def test_candidates_wait_for_a_running_baseline_and_a_crashed_one_is_named():
+    running = [trial(0, "baseline", "a", 10, status="running"), trial(1, "explore", "b", 30)]
+    assert isinstance(next_decision(running, None, RULE, BUDGET, 0), Wait)
+    crashed = [trial(0, "baseline", "a", 10, status="failed"), trial(1, "explore", "b", 30)]
+    decision = next_decision(crashed, None, RULE, BUDGET, 0)
+    assert isinstance(decision, Verdict) and "baseline crashed" in decision.note
+
+
+def test_a_candidate_ahead_on_the_first_look_asks_for_fresh_seed_reruns_of_both():
+    base, cand = trial(0, "baseline", "a", 10), trial(1, "explore", "b", 40)
+    base["decision"] = {"verdict": "kept"}
+    decision = next_decision([base, cand], "t0000", RULE, BUDGET, base_seed=7)
+    assert isinstance(decision, Rerun)
+    assert decision.seeds == [8, 9]
+    assert sorted((c["id"], s) for c, s in decision.missing) == [
+        ("t0000", 8), ("t0000", 9), ("t0001", 8), ("t0001", 9)]
+
+
+def test_confirmed_reruns_keep_and_a_behind_candidate_is_discarded_on_the_first_look():
+    base, cand = trial(0, "baseline", "a", 10), trial(1, "explore", "b", 40)
+    base["decision"] = {"verdict": "kept"}
+    reruns = [trial(2 + i, "confirm", key, right, seed=seed, status="done")
+              for i, (key, right, seed) in enumerate(
+                  [("a", 10, 1), ("a", 11, 2), ("b", 41, 1), ("b", 39, 2)])]
+    decision = next_decision([base, cand, *reruns], "t0000", RULE, BUDGET, 0)
+    assert isinstance(decision, Verdict) and decision.kept and decision.rule == "confirmation"
+    behind = trial(1, "explore", "b", 5)
+    decision = next_decision([base, behind], "t0000", RULE, BUDGET, 0)
+    assert isinstance(decision, Verdict) and not decision.kept
+    assert decision.rule == "first look"
+
+
+def test_reruns_that_would_overspend_the_budget_discard_without_confirmation():
+    base, cand = trial(0, "baseline", "a", 10), trial(1, "explore", "b", 40)
+    base["decision"] = {"verdict": "kept"}
+    spent = [trial(10 + i, "confirm", "z", 0, seed=50 + i) for i in range(3)]
+    decision = next_decision([base, cand, *spent], "t0000", RULE, BUDGET, 0)
+    assert isinstance(decision, Verdict) and not decision.kept
+    assert "no confirmation budget left" in decision.note
+
+
+def test_running_reruns_wait_and_crashed_ones_drop_their_seed():
+    base, cand = trial(0, "baseline", "a", 10), trial(1, "explore", "b", 40)
+    base["decision"] = {"verdict": "kept"}
+    reruns = [trial(2, "confirm", "a", 10, seed=1), trial(3, "confirm", "a", 10, seed=2),
+              trial(4, "confirm", "b", 40, seed=1), trial(5, "confirm", "b", 40, seed=2,
+                                                         status="running")]
+    assert isinstance(next_decision([base, cand, *reruns], "t0000", RULE, BUDGET, 0), Wait)
+    reruns[-1] = trial(5, "confirm", "b", 0, seed=2, status="failed")
+    reruns[0] = trial(2, "confirm", "a", 0, seed=1, status="failed")
+    decision = next_decision([base, cand, *reruns], "t0000", RULE, BUDGET, 0)
+    assert isinstance(decision, Verdict) and not decision.kept
+    assert decision.note == "every confirmation re-run crashed"
