@@ -14,8 +14,9 @@ it compares in one table, with the command that reproduces it and the machine's 
                    reward step lasts as long as a real DuckDB scoring pass of 8 predictions
                    (measured with `rewards.RewardPool`; `--reward-seconds` overrides it). The
                    engine's duty cycle over each phase.
-  memory           32 runs trained one step each with at most 8 resident: peak RSS, evictions,
-                   and the latency of the first request after eviction vs a resident request.
+  memory           32 runs trained one step each with at most 8 resident, against all 32
+                   resident, each in a fresh process: peak RSS of both, evictions, and the
+                   latency of the first request after eviction vs a resident request.
   sampler          the server's batched sampler (no LoRA) vs plain `model.generate` on the same
                    prompts, greedy, same number of new tokens: tokens/s and ratio.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import json
 import logging
 import os
 import random
@@ -481,13 +483,14 @@ class PeakRss:
         self._thread.join()
 
 
-def memory(args: argparse.Namespace) -> None:
+def memory_cell(args: argparse.Namespace) -> None:
+    """One configuration of the memory benchmark, in a process of its own: prints its figures
+    as one `MEMORY {json}` line for `memory` to compare."""
     from tinker import types
 
     from server.service.service import Limits
 
-    runs, cap = (8, 2) if args.quick else (32, 8)
-    header("memory", args)
+    runs, cap = args.runs, args.cap
     mib = 1024 * 1024
     with bench_server(args, Limits(max_resident_runs=cap)) as bench:
         base_rss = psutil.Process().memory_info().rss
@@ -507,10 +510,6 @@ def memory(args: argparse.Namespace) -> None:
         with PeakRss() as rss, ThreadPoolExecutor(4) as pool:
             clients = list(pool.map(create_and_train, range(runs)))
         train_s = time.perf_counter() - started
-        evictions = bench.metric("autoresearch_evictions_total")
-        resident = bench.metric("autoresearch_resident_adapters")
-        run_state = next(r.state for r in bench.service.runs.values() if r.state is not None)
-        per_run = run_state.adapter.num_bytes() * 3  # weights + AdamW first and second moments
         spill = sum(p.stat().st_size for p in (bench.service.store.root / ".spill").glob("*.pt"))
 
         def timed_forward(client) -> float:
@@ -525,26 +524,65 @@ def memory(args: argparse.Namespace) -> None:
                 continue
             cold.append(timed_forward(client))  # reloads the run from disk
             warm.append(timed_forward(client))  # now resident
+        figures = {
+            "train_s": train_s, "base_mib": base_rss / mib, "peak_mib": rss.peak / mib,
+            "evictions": bench.metric("autoresearch_evictions_total"),
+            "resident": bench.metric("autoresearch_resident_adapters"),
+            "spill_mib": spill / mib,
+            "cold_ms": 1000 * statistics.median(cold) if cold else None,
+            "warm_ms": 1000 * statistics.median(warm) if warm else None,
+        }
+    print("MEMORY " + json.dumps(figures), flush=True)
+
+
+def memory(args: argparse.Namespace) -> None:
+    """The same 32 runs with at most 8 resident, and with all of them resident (the baseline),
+    each in a fresh process so neither inherits the other's heap: peak RSS measured in both."""
+    import subprocess
+
+    runs, cap = (8, 2) if args.quick else (32, 8)
+    header("memory", args)
+    cells = {}
+    for label, limit in (("capped", cap), ("all resident", runs)):
+        command = [sys.executable, __file__, "memory-cell", "--runs", str(runs), "--cap",
+                   str(limit), *(["--quick"] if args.quick else []),
+                   *(["--model", args.model] if args.model else [])]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        line = next((x for x in done.stdout.splitlines() if x.startswith("MEMORY ")), None)
+        if line is None:
+            raise SystemExit(f"memory cell {label} failed:\n{done.stdout[-2000:]}"
+                             f"{done.stderr[-2000:]}")
+        cells[label] = json.loads(line.removeprefix("MEMORY "))
+    capped, full = cells["capped"], cells["all resident"]
     print(f"{runs} runs (LoRA rank 8 on every projection and lm_head), each created and trained "
-          f"one step (2 x 24 tokens) from 4 client threads, max_resident_runs={cap}")
+          f"one step (2 x 24 tokens) from 4 client threads; max_resident_runs={cap} against "
+          f"{runs} (all resident), each in its own process")
+
+    def value(cell: dict, key: str, fmt: str) -> str:
+        return "n/a" if cell[key] is None else format(cell[key], fmt)
+
+    growth = {k: c["peak_mib"] - c["base_mib"] for k, c in cells.items()}
     table([
-        ("", "value"),
-        ("create + train all runs, s", f"{train_s:.1f}"),
-        ("RSS after model load, MiB", f"{base_rss / mib:.0f}"),
-        ("peak RSS while training, MiB", f"{rss.peak / mib:.0f}"),
-        ("peak RSS - RSS after load, MiB", f"{(rss.peak - base_rss) / mib:.0f}"),
-        ("one run in memory (weights + AdamW), MiB", f"{per_run / mib:.1f}"),
-        (f"all {runs} runs resident would hold, MiB", f"{runs * per_run / mib:.0f}"),
-        ("evictions", f"{evictions:.0f}"),
-        ("resident adapters at end", f"{resident:.0f}"),
-        ("spill files on disk, MiB", f"{spill / mib:.0f}"),
-        ("first request after eviction, ms (median)",
-         f"{1000 * statistics.median(cold):.0f}" if cold else "n/a"),
-        ("same request once resident, ms (median)",
-         f"{1000 * statistics.median(warm):.0f}" if warm else "n/a"),
+        ("", f"max {cap} resident", f"all {runs} resident", "ratio"),
+        ("create + train all runs, s", value(capped, "train_s", ".1f"),
+         value(full, "train_s", ".1f"), f"{capped['train_s'] / full['train_s']:.2f}"),
+        ("RSS after model load, MiB", value(capped, "base_mib", ".0f"),
+         value(full, "base_mib", ".0f"), ""),
+        ("peak RSS while training, MiB", value(capped, "peak_mib", ".0f"),
+         value(full, "peak_mib", ".0f"), f"{capped['peak_mib'] / full['peak_mib']:.2f}"),
+        ("peak RSS - RSS after load, MiB", f"{growth['capped']:.0f}",
+         f"{growth['all resident']:.0f}",
+         f"{growth['capped'] / max(growth['all resident'], 1e-9):.2f}"),
+        ("evictions", value(capped, "evictions", ".0f"), value(full, "evictions", ".0f"), ""),
+        ("resident adapters at end", value(capped, "resident", ".0f"),
+         value(full, "resident", ".0f"), ""),
+        ("spill files on disk, MiB", value(capped, "spill_mib", ".0f"),
+         value(full, "spill_mib", ".0f"), ""),
+        ("first request after eviction, ms (median)", value(capped, "cold_ms", ".0f"), "", ""),
+        ("same request once resident, ms (median)", value(capped, "warm_ms", ".0f"), "", ""),
     ])
-    print(f"(latency: forward on 1 x 24 tokens through the SDK; {len(cold)} evicted runs, each "
-          "asked twice in a row)")
+    print("(latency: forward on 1 x 24 tokens through the SDK on evicted runs, each asked twice "
+          "in a row)")
     print(f"loadavg at end: {loadavg()}", flush=True)
 
 
@@ -625,22 +663,29 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {
     "memory": memory,
     "sampler": sampler_vs_generate,
 }
+CELLS: dict[str, Callable[[argparse.Namespace], None]] = {"memory-cell": memory_cell}
+"""Parts a benchmark runs in a child process of its own; not benchmarks by themselves."""
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
-    parser.add_argument("benchmark", choices=[*BENCHMARKS, "all"])
+    parser.add_argument("benchmark", choices=[*BENCHMARKS, "all", *CELLS])
     parser.add_argument("--model", default=None,
                         help="model directory or id (default: the packaged Gemma 3 270M)")
     parser.add_argument("--quick", action="store_true", help="smoke run with tiny sizes")
     parser.add_argument("--reward-seconds", type=float, default=None,
                         help="duty-cycle: sleep this long per reward step instead of measuring "
                              "a real scoring pass")
+    parser.add_argument("--runs", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--cap", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     quiet()
+    if args.benchmark in CELLS:
+        CELLS[args.benchmark](args)
+        return
     print("command:", shlex.join(["python", "bench/bench_multirun.py", *sys.argv[1:]]))
     names = list(BENCHMARKS) if args.benchmark == "all" else [args.benchmark]
     for name in names:

@@ -1,14 +1,21 @@
-"""Worst-case time and memory of the sandbox on the hostile catalogue (`rewards.hostile`).
+"""Worst-case time and memory of the sandbox on the hostile catalogue (`rewards.hostile`),
+against benign queries scored by the same pool in the same run.
 
-Scores every attack through a pool, one at a time, and prints per attack class the slowest
-wall time seen by the caller, the outcome, and the workers' peak resident memory.
+First the baseline: `--benign` ordinary predictions (the gold query and a near miss) through
+the pool, their median and worst wall time and the worker's peak memory. Then every attack, one
+at a time; per attack class it prints the slowest wall time seen by the caller, that time as a
+ratio to the benign median and as a share of the kill deadline, the outcome, and the workers'
+peak resident memory against the benign peak. The run fails if an attack scores above zero or
+leaves a file behind.
 
-    python bench/bench_sandbox.py [--timeout 2.0]
+    python bench/bench_sandbox.py [--timeout 2.0] [--benign 40]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import sys
 import tempfile
 import time
@@ -30,6 +37,7 @@ SETUP = (
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--timeout", type=float, default=2.0)
+    parser.add_argument("--benign", type=int, default=40, help="benign predictions, baseline")
     args = parser.parse_args()
     limits = SandboxLimits(timeout_s=args.timeout)
     task = Task(setup_sql=SETUP, question="q", gold_sql="SELECT name FROM shops WHERE area > 10",
@@ -37,6 +45,13 @@ def main() -> None:
     worst: dict[str, tuple[float, str]] = defaultdict(lambda: (0.0, ""))
     with tempfile.TemporaryDirectory() as scratch, RewardPool(workers=1, limits=limits) as pool:
         (Path(scratch) / "secret.csv").write_text("token\nsecret\n")
+        benign_sql = [task.gold_sql, "SELECT name FROM shops WHERE area >= 10 ORDER BY name"]
+        benign, benign_peak = [], 0.0
+        for i in range(args.benign):
+            started = time.perf_counter()
+            result = pool.score(benign_sql[i % 2], task)
+            benign.append(time.perf_counter() - started)
+            benign_peak = max(benign_peak, result.meta.get("peak_rss_mb", 0.0))
         nonzero, peak = 0, 0.0
         for kind, name, sql in attacks(Path(scratch), "shops"):
             pool.ready()  # time the sandbox, not the start of a replacement worker
@@ -47,19 +62,29 @@ def main() -> None:
             peak = max(peak, result.meta.get("peak_rss_mb", 0.0))
             if elapsed >= worst[kind][0]:
                 worst[kind] = (elapsed, f"{name}: {result.outcome}, {result.error or ''}"[:90])
-        leftovers = sorted(p.name for p in Path(scratch).iterdir())
+        leftovers = sorted(p.name for p in Path(scratch).iterdir() if p.name != "secret.csv")
         stats = pool.stats()
     kill_after = 2 * limits.timeout_s + limits.kill_grace_s
+    median = statistics.median(benign)
+    print(f"command: python bench/bench_sandbox.py --timeout {args.timeout} --benign "
+          f"{args.benign}; loadavg={' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"limits: timeout {limits.timeout_s}s per statement, kill after {kill_after}s, "
           f"RLIMIT_AS {limits.address_space_mb} MiB, "
           f"DuckDB memory_limit {limits.memory_limit_mb} MiB")
+    print(f"baseline, {len(benign)} benign predictions: median {median * 1000:.1f} ms, worst "
+          f"{max(benign) * 1000:.1f} ms, worker peak rss {benign_peak:.0f} MiB")
+    print(f"{'attack class':20s} {'worst s':>8s} {'x benign':>9s} {'of deadline':>11s}")
     for kind, (elapsed, what) in sorted(worst.items(), key=lambda kv: -kv[1][0]):
-        print(f"{kind:20s} worst {elapsed:6.2f}s  ({what})")
-    print(f"attacks scoring above zero: {nonzero}; files left in scratch: {leftovers}")
-    print(f"highest worker peak rss reported by a scored attack: {peak:.0f} MiB "
-          f"(killed workers report none; their cap is RLIMIT_AS)")
+        print(f"{kind:20s} {elapsed:8.2f} {elapsed / median:8.1f}x {elapsed / kill_after:10.0%}"
+              f"  ({what})")
+    print(f"attacks scoring above zero: {nonzero}; files written into scratch: {leftovers}")
+    print(f"highest worker peak rss reported by a scored attack: {peak:.0f} MiB, "
+          f"x{peak / max(benign_peak, 1e-9):.2f} the benign peak (killed workers report none; "
+          f"their cap is RLIMIT_AS)")
     for worker in stats:
         print(f"final worker peak rss {worker.peak_rss_mb:.0f} MiB, restarts {worker.restarts}")
+    if nonzero or leftovers:
+        raise SystemExit("an attack scored above zero or left a file behind")
 
 
 if __name__ == "__main__":

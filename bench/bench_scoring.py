@@ -1,13 +1,17 @@
-"""Scoring throughput: the worker pool against a naive per-prediction database, in one run.
+"""Scoring throughput, one variable at a time: the scorer, the database cache, warm caches,
+and parallel workers, each against the row before it, in one run.
 
 The naive baseline is what a reward function written in a hurry does: for every prediction and
-every database copy, open a fresh in-memory DuckDB, run the setup script, the gold and the
-prediction, and compare. The pool keeps databases and gold results cached in long-lived workers
-and scores in parallel. Both use the same comparator and the same predictions (gold queries,
-near misses and junk, as an RL batch would hold). Prints predictions/s, the ratio and the
-memory of each worker.
+every database copy, open a fresh in-memory DuckDB in this process, run the setup script, the
+gold and the prediction, and compare. Then the same predictions go through one sandboxed worker
+that keeps no database between tasks (`cached_databases=1`; it does keep one long-lived DuckDB
+and the gold results, as every worker does), one that caches databases too (cold, then warm
+on a second pass), and `--workers` of them warm (parallelism). Every row scores the same
+predictions (gold queries, near misses and junk, as an RL batch would hold) with the same
+comparator; the run fails if any row's verdicts differ from the naive scorer's. Prints
+predictions/s, each ratio, and the memory of each worker.
 
-    python bench/bench_scoring.py [--tasks 64] [--naive 60] [--workers N]
+    python bench/bench_scoring.py [--tasks 32] [--per-task 8] [--workers N]
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import duckdb
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "datasets")]
 
-from rewards import RewardPool, Task, execution_match, extract_sql  # noqa: E402
+from rewards import RewardPool, SandboxLimits, Task, execution_match, extract_sql  # noqa: E402
 from rewards.sqlinfo import has_top_level_order_by  # noqa: E402
 from sqltasks import load_corpus  # noqa: E402
 
@@ -61,43 +65,70 @@ def naive_score(prediction: str, task: Task) -> bool:
     return True
 
 
+def timed_pool(pairs: list[tuple[str, Task]], workers: int, limits: SandboxLimits,
+               passes: int) -> tuple[list[float], list[list[bool]], list]:
+    """Predictions/s of each pass over `pairs` through one pool (caches carry over from one
+    pass to the next), the verdicts of each pass, and the workers' stats at the end."""
+    rates, verdicts = [], []
+    with RewardPool(workers=workers, limits=limits) as pool:
+        for _ in range(passes):
+            started = time.perf_counter()
+            results = pool.score_many(pairs)
+            rates.append(len(pairs) / (time.perf_counter() - started))
+            verdicts.append([r.correct for r in results])
+        return rates, verdicts, pool.stats()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tasks", type=int, default=64)
+    parser.add_argument("--tasks", type=int, default=32)
     parser.add_argument("--per-task", type=int, default=8)
-    parser.add_argument("--naive", type=int, default=60, help="predictions for the baseline")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
 
     tasks = random.Random(1).sample(load_corpus("train"), args.tasks)
     pairs = predictions(tasks, args.per_task)
-    print(f"{len(pairs)} predictions over {len(tasks)} tasks, "
-          f"{len(tasks[0].setups)} database copies each, {args.workers} workers")
+    print(f"command: python bench/bench_scoring.py --tasks {args.tasks} --per-task "
+          f"{args.per_task} --workers {args.workers}")
+    print(f"{len(pairs)} predictions over {len(tasks)} tasks, {len(tasks[0].setups)} database "
+          f"copies each; every row scores the same predictions; cpus={os.cpu_count()} "
+          f"loadavg={' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
     started = time.perf_counter()
-    naive = [naive_score(p, t) for p, t in pairs[: args.naive]]
-    naive_rate = len(naive) / (time.perf_counter() - started)
+    naive = [naive_score(p, t) for p, t in pairs]
+    naive_rate = len(pairs) / (time.perf_counter() - started)
+    uncached = SandboxLimits(cached_databases=1)
+    (sandbox_rate,), (sandboxed,), _ = timed_pool(pairs, 1, uncached, passes=1)
+    (cold_rate, warm_rate), (cold, warm), _ = timed_pool(pairs, 1, SandboxLimits(), passes=2)
+    (_, parallel_rate), (_, parallel), stats = timed_pool(pairs, args.workers, SandboxLimits(),
+                                                          passes=2)
 
-    with RewardPool(workers=args.workers) as pool:
-        started = time.perf_counter()
-        cold = pool.score_many(pairs)
-        cold_rate = len(pairs) / (time.perf_counter() - started)
-        started = time.perf_counter()
-        warm = pool.score_many(pairs)
-        warm_rate = len(pairs) / (time.perf_counter() - started)
-        stats = pool.stats()
-
-    agree = sum(r.correct == n for r, n in zip(cold, naive, strict=False))
-    assert [r.correct for r in cold] == [r.correct for r in warm]
-    print(f"naive baseline    : {naive_rate:8.1f} predictions/s  ({len(naive)} predictions)")
-    for label, rate in (("pool, cold caches", cold_rate), ("pool, warm caches", warm_rate)):
-        print(f"{label} : {rate:8.1f} predictions/s  ratio {rate / naive_rate:5.1f}x")
-    print(f"verdicts agree with the baseline on {agree}/{len(naive)}; "
-          f"{sum(r.correct for r in cold)}/{len(cold)} correct")
+    rows = [
+        ("naive: fresh database per prediction, this process", naive_rate, None),
+        ("sandboxed worker, database rebuilt per task (1 worker)", sandbox_rate, naive_rate),
+        ("sandboxed worker, database cache, cold (1 worker)", cold_rate, sandbox_rate),
+        ("sandboxed worker, database cache, warm (1 worker)", warm_rate, cold_rate),
+        (f"sandboxed workers, warm ({args.workers} workers)", parallel_rate, warm_rate),
+    ]
+    print(f"{'':56s} {'predictions/s':>13s} {'vs row above':>12s} {'vs naive':>9s}")
+    for label, rate, previous in rows:
+        step = f"{rate / previous:11.2f}x" if previous else f"{'':12s}"
+        print(f"{label:56s} {rate:13.1f} {step} {rate / naive_rate:8.2f}x")
+    print("each row changes one thing from the row above it: the scorer (a sandboxed worker "
+          "process with one long-lived DuckDB and its gold results cached, rebuilding a task's "
+          "databases whenever the task changes), the database cache, warm caches, then "
+          "parallel workers")
     for worker in stats:
         print(f"worker {worker.pid}: rss {worker.rss_mb:.0f} MiB, "
               f"peak {worker.peak_rss_mb:.0f} MiB, scored {worker.scored}, "
               f"restarts {worker.restarts}")
+    disagreements = {name: sum(a != b for a, b in zip(naive, verdicts, strict=True))
+                     for name, verdicts in (("sandboxed", sandboxed), ("cold", cold),
+                                            ("warm", warm), ("parallel", parallel))}
+    print(f"{sum(naive)}/{len(naive)} correct; verdicts differing from the naive scorer: "
+          f"{disagreements}")
+    if any(disagreements.values()):
+        raise SystemExit("the scorers disagree: the speed figures compare different work")
 
 
 if __name__ == "__main__":
