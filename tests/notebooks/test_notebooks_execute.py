@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 from typing import Any
@@ -10,11 +11,17 @@ import duckdb
 import nbformat
 import pytest
 
+from autoresearch.rl.config import TrialConfig
 from autoresearch.ui.notebooks import has_outputs, is_report
+from rewards.sandbox import Outcome
+from rewards.score import CRASHED, GOLD_ERROR, NO_SQL
+from sqltasks import load_corpus
 from tests.notebooks.conftest import outputs, run_notebook, widget_states
 
 pytestmark = pytest.mark.timeout(600)
 
+OUTCOMES = {*(o.value for o in Outcome), NO_SQL, GOLD_ERROR, CRASHED}
+"""What a score's `outcome` may say (`rewards.score.ScoreResult.outcome`)."""
 ROW = re.compile(r'<tr class="ar-row[^"]*" data-trial="(t\d+)">.*?class="ar-badge (\w+)"', re.S)
 
 
@@ -30,6 +37,14 @@ def html_rows(table: str) -> dict[str, list[str]]:
     """A DataFrame's HTML: index label -> cell texts."""
     return {label: re.findall(r"<td>([^<]*)</td>", cells)
             for label, cells in re.findall(r"<tr>\s*<th>([^<]+)</th>(.*?)</tr>", table, re.S)}
+
+
+def html_columns(table: str) -> dict[str, list[str]]:
+    """A DataFrame's HTML: column name -> its cells' texts (unescaped), top to bottom."""
+    head = re.search(r"<thead>(.*?)</thead>", table, re.S).group(1)
+    names = [html.unescape(n) for n in re.findall(r"<th>([^<]*)</th>", head)][1:]  # index
+    rows = [[html.unescape(c) for c in cells] for cells in html_rows(table).values()]
+    return {name: [row[i] for row in rows] for i, name in enumerate(names)}
 
 
 def test_rewards_notebook_scores_hand_written_predictions():
@@ -107,9 +122,26 @@ def test_analysis_notebook_compares_trials_and_samples_the_best_checkpoint(study
                       small=True, study_dir=str(study_run["dir"]))
     text = "\n".join(outputs(nb))
     assert "vs baseline" in text and "pairs" in text
-    assert re.search(r"tinker://[^/]+/weights/final", text)
-    assert text.count("How many") + text.count("What") + text.count("Which") >= 1
-    assert "outcome" in text and outputs(nb, "image/png")
+    assert outputs(nb, "image/png")
+    with duckdb.connect(str(study_run["dir"] / "journal.duckdb"), read_only=True) as db:
+        best, = db.execute("SELECT best_trial FROM study").fetchone()
+        checkpoint, config = db.execute("SELECT checkpoint, config FROM trials WHERE id = ?",
+                                        [best]).fetchone()
+    sampling = next(c for c in nb.cells if "create_sampling_client(model_path=checkpoint)"
+                    in c.source)
+    assert [o["data"]["text/plain"] for o in sampling.outputs
+            if o["output_type"] == "execute_result"] == [repr(checkpoint)], \
+        "it samples the best trial's checkpoint"
+    scoring = next(c for c in nb.cells if "sample_completions(" in c.source)
+    table = "".join(o["data"]["text/html"] for o in scoring.outputs
+                    if o["output_type"] == "execute_result")
+    rows = html_columns(table)
+    tasks = load_corpus("test", TrialConfig.model_validate_json(config).corpus_seed)[:4]
+    assert len(rows["question"]) == len(tasks) == 4
+    for shown, task in zip(rows["question"], tasks, strict=True):
+        assert task.question.startswith(shown.removesuffix("...")), (shown, task.question)
+    assert all(outcome in OUTCOMES for outcome in rows["outcome"])
+    assert all(reward.replace(".", "", 1).isdigit() for reward in rows["reward"])
 
 
 def test_remote_notebook_runs_a_study_against_the_server_in_the_environment(
