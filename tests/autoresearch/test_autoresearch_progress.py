@@ -21,6 +21,7 @@ from autoresearch.study.report import build, status, to_markdown
 from autoresearch.study.runner import run_study
 from autoresearch.study.spec import Study
 from tests.autoresearch.study_helpers import SyntheticExecutor, summary
+from tools.processes import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -160,10 +161,9 @@ def test_status_shows_where_a_study_running_elsewhere_is(tmp_path: Path):
     runner.start()
     try:
         assert executor.first_step.wait(30)
-        deadline = time.monotonic() + 30
-        while "RL 1/2" not in (text := status(tmp_path)):
-            assert time.monotonic() < deadline, text
-            time.sleep(0.1)
+        wait_until(lambda: "RL 1/2" in status(tmp_path), 30, "`status` to show RL 1/2",
+                   interval=0.1)
+        text = status(tmp_path)
         assert "t0001 baseline running" in text and "step 1/2, reward 0.125, acc 0.25" in text
         assert "updated" in text
     finally:

@@ -23,6 +23,7 @@ from autoresearch.study.proposers import Proposal, ProposalBatch
 from autoresearch.study.spec import Study
 from autoresearch.ui.live import LiveStudy
 from autoresearch.ui.snapshot import leaderboard, parse_metrics, read_snapshot
+from tools.processes import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -188,11 +189,9 @@ def test_a_live_study_runs_in_the_background_and_the_dashboard_reads_its_journal
     executor.gate.clear()
     live = LiveStudy(study(), tmp_path / "study", executor=executor).start()
     dashboard = StudyDashboard(live.directory, control=live.control, live=live)
-    deadline = time.monotonic() + 30
-    while (snapshot := dashboard.refresh()) is None or not any(
-            t["status"] == "running" for t in snapshot.trials):  # queued first, then running
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: (snapshot := dashboard.refresh()) is not None and any(
+        t["status"] == "running" for t in snapshot.trials),  # queued first, then running
+        30, "the dashboard to show the trial running", interval=0.05)
     assert live.running  # the kernel is free while the trial waits at its gate
     assert 'data-trial="t0001"' in dashboard.leaderboard.value
     assert "t0001" in dashboard.trial_choice.options  # "Stop trial" offers the running trial

@@ -1,0 +1,42 @@
+"""The keep-rule benchmark decides its simulated studies with the runner's own decision code
+(`confirmation.next_decision`): a large planted gain is kept, equal configs are not."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from autoresearch.study.spec import Study
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_keep_rule.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_keep_rule", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_keep_rule", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+STUDY = Study(name="bench", budget={"max_trials": 4, "confirm_seeds": 2,
+                                    "max_confirm_trials": 8})
+
+
+def test_a_large_planted_gain_is_kept_through_the_runners_decisions():
+    bench = _bench()
+    world = bench.World(np.random.default_rng(0), 200, -1.0, [0.0, 0.0, 3.0, 0.0])
+    assert bench.new_study(world, 3, STUDY) == 2
+    # the re-runs it asked for are those the runner would queue: both contenders, fresh seeds
+    assert {(config, seed) for config, seed in world.runs if seed} == {(0, 1), (0, 2), (2, 1),
+                                                                       (2, 2)}
+
+
+def test_equal_configs_keep_the_baseline():
+    bench = _bench()
+    kept = [bench.new_study(bench.World(np.random.default_rng(seed), 96, -1.0, [0.0] * 4), 3,
+                            STUDY) for seed in range(20)]
+    assert sum(k != 0 for k in kept) <= 2
