@@ -1,28 +1,34 @@
-"""The keep rule's error rates: simulated studies, old rule beside new rule, in one run.
+"""The keep rule's error rates when every run has luck of its own: simulated studies, three
+rules side by side on the same simulated worlds, in one run.
 
 Each simulated study has a baseline and several candidates, scored on a fixed set of dev tasks.
 The NEW rule is the product's own, applied by the study runner's own decision code
 (`autoresearch.study.confirmation.next_decision`, with the `KeepRule` that `keep_rule_for`
-builds from the study budget) to simulated trial rows: candidates decided in order, a
-promising one and the best re-run with fresh seeds, the best's re-runs reused. The
-OLD rule is the one it replaced, kept here as the baseline: a normal (Wald) interval on paired
-differences, seeds pooled as if they were new tasks, the selecting look pooled into the
-confirmation, and a significant single look kept when no budget is left.
+builds from the study budget) to simulated trial rows: the baseline's seed bank, candidates
+decided in order, a promising one and the best re-run with fresh seeds, the best's re-runs
+reused; a confirmation must pass per task and per run. TASKS is the same code with the
+run-level test off (`KeepRule.run_level=False`): the rule before runs were the unit. OLD is the
+rule before that: a normal (Wald) interval on paired differences, seeds pooled as if they were
+new tasks, the selecting look pooled into the confirmation, and a significant single look kept
+when no budget is left.
 
 The world is simulated as real dev scores behave:
     P(task i right | config c, run r) = sigmoid(difficulty_i + quality_c + interaction_ci + seed_r)
 - difficulty_i ~ N(mu, 1.5): tasks differ a lot (many are always or never solved), so the two
   configs' outcomes on a task are strongly correlated; mu puts the base accuracy at `--base`.
 - interaction_ci ~ N(0, 0.5): a change helps some tasks and hurts others.
-- seed_r ~ N(0, 0.1): a run's own luck (training seed), shared by all its tasks; each (run,
-  task) outcome is then a fresh draw.
+- seed_r ~ N(0, s): a run's own luck (training seed), shared by all its tasks; each (run, task)
+  outcome is then a fresh draw. `--run-sds` gives the SDs of a run's dev accuracy that this
+  luck causes, in accuracy points (s is solved for each); 0 is no run luck at all.
 - quality_c: 0 for the baseline and the null candidates; for the planted candidate, the shift
   whose expected dev accuracy gain (over tasks, interactions and seeds) is the effect.
 
-Reported per dev size and planted effect: the false-keep rate per study (no candidate better;
-target <= alpha = 5%) and the power (the planted candidate ends as the study's best).
+Reported per run-to-run SD, dev size and planted effect: the false-keep rate per study (no
+candidate better; target <= alpha = 5%) and the power (the planted candidate ends as the
+study's best).
 
-    python bench/bench_keep_rule.py [--studies 400] [--candidates 6] [--base 0.2]
+    python bench/bench_keep_rule.py [--studies 400] [--candidates 6] [--base 0.15]
+        [--run-sds 0 2 3 4] [--sizes 48 96 200] [--effects 0 0.05 0.10]
 """
 
 from __future__ import annotations
@@ -39,8 +45,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "datasets")]
 
-from autoresearch.study.confirmation import Rerun, Wait, next_decision  # noqa: E402
-from autoresearch.study.decisions import keep_rule_for  # noqa: E402
+from autoresearch.study.confirmation import (  # noqa: E402
+    EvidenceSeeds,
+    Rerun,
+    Verdict,
+    next_decision,
+)
+from autoresearch.study.decisions import KeepRule, keep_rule_for  # noqa: E402
 from autoresearch.study.spec import Study  # noqa: E402
 
 Z95 = 1.959963984540054
@@ -57,10 +68,18 @@ _NOISE = np.random.default_rng(12345).normal(size=(3, 200_000))
 """Common random numbers for calibration: tasks, interactions and seeds of a large population."""
 
 
-def _mean_accuracy(mu: float, shift: float) -> float:
+def _mean_accuracy(mu: float, shift: float, seed_sd: float = SIGMA_SEED) -> float:
     logits = (mu + SIGMA_TASK * _NOISE[0] + SIGMA_INTERACTION * _NOISE[1]
-              + SIGMA_SEED * _NOISE[2] + shift)
+              + seed_sd * _NOISE[2] + shift)
     return float(sigmoid(logits).mean())
+
+
+def seed_sd_for(points: float, mu: float) -> float:
+    """The logit SD of a run's luck that moves its dev accuracy by `points` (SD, in accuracy
+    points) at base logit `mu`: the luck shifts every task's logit at once."""
+    h = 0.05
+    slope = (_mean_accuracy(mu, h, 0.0) - _mean_accuracy(mu, -h, 0.0)) / (2 * h)
+    return points / 100 / slope
 
 
 def _solve(target: float, f: Callable[[float], float], lo: float = -8, hi: float = 8) -> float:
@@ -73,8 +92,9 @@ def _solve(target: float, f: Callable[[float], float], lo: float = -8, hi: float
 class World:
     """One study's dev tasks, configs and the runs drawn so far (cached per config and seed)."""
 
-    def __init__(self, rng: np.random.Generator, tasks: int, mu: float, qualities: list[float]):
-        self.rng = rng
+    def __init__(self, rng: np.random.Generator, tasks: int, mu: float, qualities: list[float],
+                 seed_sd: float = SIGMA_SEED):
+        self.rng, self.seed_sd = rng, seed_sd
         self.ids = [f"dev-{i:03d}" for i in range(tasks)]
         self.difficulty = rng.normal(mu, SIGMA_TASK, tasks)
         # The baseline's own interaction is folded into difficulty; candidates get theirs.
@@ -85,7 +105,7 @@ class World:
     def run(self, config: int, seed: int) -> dict[str, bool]:
         key = (config, seed)
         if key not in self.runs:
-            p = sigmoid(self.logits[config] + self.rng.normal(0, SIGMA_SEED))
+            p = sigmoid(self.logits[config] + self.rng.normal(0, self.seed_sd))
             right = self.rng.random(len(self.ids)) < p
             self.runs[key] = dict(zip(self.ids, right.tolist()))
         return self.runs[key]
@@ -99,28 +119,43 @@ def _trial(number: int, role: str, config: int, seed: int, verdicts: dict[str, b
             "config_index": config, "dev": {"verdicts": verdicts}}
 
 
-def new_study(world: World, candidates: int, study: Study) -> int:
+BANK_SEEDS = [5000 + k for k in range(64)]
+CONFIRM_SEEDS = [1 + k for k in range(16)]
+
+
+def new_study(world: World, candidates: int, study: Study, run_level: bool = True) -> int:
     """The product's keep rule, applied by the study runner's own decision code
-    (`confirmation.next_decision`) to simulated trials: the baseline and the candidates, each
-    run once with the base seed, and the confirmation re-runs it asks for."""
+    (`confirmation.next_decision`) to simulated trials: the baseline and its seed bank, the
+    candidates, each run once with the base seed, and the confirmation re-runs it asks for."""
     rule, budget = keep_rule_for(study.budget), study.budget
+    if not run_level:
+        rule = KeepRule(rule.budget, rule.select_p, run_level=False)
+    seeds = EvidenceSeeds(BANK_SEEDS[:max(0, budget.seed_bank - 1)],
+                          CONFIRM_SEEDS[:budget.confirm_seeds])
     trials = [_trial(n, "baseline" if n == 0 else "explore", n, BASE_SEED, world.run(n, BASE_SEED))
               for n in range(candidates + 1)]
     best: dict | None = None
     while (decision := next_decision(trials, best and best["id"], rule, budget,
-                                     BASE_SEED)) is not None:
-        if isinstance(decision, Wait):
-            raise RuntimeError(f"every simulated trial has finished, yet: {decision.reason}")
+                                     seeds)) is not None:
         if isinstance(decision, Rerun):
+            trials += [_trial(len(trials) + k, "bank", 0, s, world.run(0, s))
+                       for k, s in enumerate(decision.bank)]
             for contender, seed in decision.missing:
                 config = contender["config_index"]
                 trials.append(_trial(len(trials), "confirm", config, seed,
                                      world.run(config, seed)))
             continue
+        if not isinstance(decision, Verdict):
+            raise RuntimeError(f"every simulated trial has finished, yet: {decision}")
         decision.candidate["decision"] = {"kept": decision.kept}
         if decision.kept:
             best = decision.candidate
     return 0 if best is None else best["config_index"]
+
+
+def task_level_study(world: World, candidates: int, study: Study) -> int:
+    """The same decision code with the run-level test off."""
+    return new_study(world, candidates, study, run_level=False)
 
 
 def _wald_low(pairs: list[tuple[dict[str, bool], dict[str, bool]]]) -> tuple[float, float]:
@@ -157,20 +192,26 @@ def old_study(world: World, candidates: int, study: Study) -> int:
 
 
 # ---------------------------------------------------------------- the bench
+RULES = (("old", lambda w, c, s: old_study(w, c, s)), ("tasks", task_level_study),
+         ("new", new_study))
+
+
 def simulate(tasks: int, effect: float, studies: int, candidates: int, base: float,
-             study: Study, seed: int) -> dict[str, float]:
+             study: Study, seed: int, run_points: float) -> dict[str, float]:
     rng = np.random.default_rng(seed)
-    mu = _solve(base, lambda m: _mean_accuracy(m, 0.0))
-    planted_shift = _solve(base + effect, lambda s: _mean_accuracy(mu, s)) if effect else 0.0
-    outcome = {"old": 0, "new": 0}
+    mu = _solve(base, lambda m: _mean_accuracy(m, 0.0, 0.0))
+    seed_sd = seed_sd_for(run_points, mu)
+    planted_shift = (_solve(base + effect, lambda s: _mean_accuracy(mu, s, seed_sd))
+                     if effect else 0.0)
+    outcome = dict.fromkeys((name for name, _ in RULES), 0)
     for _ in range(studies):
         planted = int(rng.integers(1, candidates + 1)) if effect else 0
         qualities = [0.0] + [planted_shift if c == planted else 0.0
                              for c in range(1, candidates + 1)]
         state = rng.bit_generator.state
-        for name, decide in (("old", old_study), ("new", new_study)):
-            rng.bit_generator.state = state  # both rules see the same tasks and configs
-            best = decide(World(rng, tasks, mu, qualities), candidates, study)
+        for name, decide in RULES:
+            rng.bit_generator.state = state  # every rule sees the same tasks, configs and runs
+            best = decide(World(rng, tasks, mu, qualities, seed_sd), candidates, study)
             outcome[name] += best != 0 if not effect else best == planted
     return {name: hits / studies for name, hits in outcome.items()}
 
@@ -179,34 +220,41 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--studies", type=int, default=400)
     parser.add_argument("--candidates", type=int, default=6)
-    parser.add_argument("--base", type=float, default=0.2, help="baseline dev accuracy")
+    parser.add_argument("--base", type=float, default=0.15, help="baseline dev accuracy")
     parser.add_argument("--sizes", type=int, nargs="+", default=[48, 96, 200])
-    parser.add_argument("--effects", type=float, nargs="+", default=[0.0, 0.05, 0.10, 0.15])
+    parser.add_argument("--effects", type=float, nargs="+", default=[0.0, 0.05, 0.10])
+    parser.add_argument("--run-sds", type=float, nargs="+", default=[0.0, 2.0, 3.0, 4.0],
+                        help="run-to-run SDs of dev accuracy, in points (add a seed bank's)")
     parser.add_argument("--confirm-seeds", type=int, default=2)
     parser.add_argument("--max-confirm-trials", type=int, default=8)
+    parser.add_argument("--seed-bank", type=int, default=3)
     args = parser.parse_args()
     study = Study(name="bench", budget={"max_trials": args.candidates + 1,
                                         "confirm_seeds": args.confirm_seeds,
-                                        "max_confirm_trials": args.max_confirm_trials})
+                                        "max_confirm_trials": args.max_confirm_trials,
+                                        "seed_bank": args.seed_bank})
     rule = keep_rule_for(study.budget)
+    print("command: python bench/bench_keep_rule.py " + " ".join(sys.argv[1:]))
     print(f"{args.studies} simulated studies per cell; baseline + {args.candidates} candidates; "
           f"base dev accuracy {args.base}; confirm_seeds={args.confirm_seeds}, "
-          f"max_confirm_trials={args.max_confirm_trials}")
+          f"max_confirm_trials={args.max_confirm_trials}, seed_bank={args.seed_bank}")
     print(rule.budget.describe())
     se = math.sqrt(0.05 * 0.95 / args.studies)
     print(f"(a rate of 5% is measured to +-{1.96 * se:.1%} at this many studies)\n")
-    header = "| dev tasks | planted effect | measures | OLD rule | NEW rule | NEW / OLD |"
-    print(header)
-    print("|---|---|---|---|---|---|")
+    print("| run SD | dev tasks | planted effect | measures | OLD | TASKS | NEW | NEW / TASKS |")
+    print("|---|---|---|---|---|---|---|---|")
     started = time.time()
-    for tasks in args.sizes:
-        for k, effect in enumerate(args.effects):
-            r = simulate(tasks, effect, args.studies, args.candidates, args.base, study,
-                         seed=1000 * tasks + k)
-            what = "false keeps per study" if not effect else "power (planted kept)"
-            ratio = f"{r['new'] / r['old']:.2f}" if r["old"] else "-"
-            print(f"| {tasks} | {'none' if not effect else f'+{effect * 100:.0f} pts'} | "
-                  f"{what} | {r['old']:.1%} | {r['new']:.1%} | {ratio} |", flush=True)
+    for run_points in args.run_sds:
+        for tasks in args.sizes:
+            for k, effect in enumerate(args.effects):
+                r = simulate(tasks, effect, args.studies, args.candidates, args.base, study,
+                             seed=1000 * tasks + k, run_points=run_points)
+                what = "false keeps per study" if not effect else "power (planted kept)"
+                ratio = f"{r['new'] / r['tasks']:.2f}" if r["tasks"] else "-"
+                print(f"| {run_points:g} pts | {tasks} | "
+                      f"{'none' if not effect else f'+{effect * 100:.0f} pts'} | {what} | "
+                      f"{r['old']:.1%} | {r['tasks']:.1%} | {r['new']:.1%} | {ratio} |",
+                      flush=True)
     print(f"\n{time.time() - started:.0f}s")
 
 

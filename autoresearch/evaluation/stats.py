@@ -28,6 +28,7 @@ from typing import Literal
 
 import numpy as np
 from scipy.stats import binomtest, bootstrap
+from scipy.stats import t as student_t
 from statsmodels.stats.proportion import proportion_confint
 
 Z95 = 1.959963984540054
@@ -228,3 +229,59 @@ def paired_difference(a: Sequence[float], b: Sequence[float], alpha: float = 0.0
     if all(v in (0, 1) for v in (*a, *b)):
         return newcombe_paired(PairedTable.of(list(a), list(b)), alpha)
     return paired_bootstrap(a, b, alpha, bootstrap_seed)
+
+
+@dataclass(frozen=True)
+class RunTest:
+    """Runs as the unit: each run's accuracy on the shared tasks is one observation, so the
+    luck a run shares across all its tasks (its seed, its sampling) is in the noise."""
+
+    difference: float
+    """Mean run accuracy of the candidate minus the incumbent's."""
+    run_sd: float
+    """Run-to-run standard deviation of a run's accuracy, pooled within groups."""
+    df: int
+    """Degrees of freedom of that estimate (runs minus groups)."""
+    p_value: float
+    """One-sided p of "the candidate is no better" (Student t, pooled variance)."""
+    runs: tuple[int, int]
+    """Runs of the candidate and of the incumbent."""
+
+    def as_dict(self) -> dict[str, float]:
+        return {"run_difference": self.difference, "run_sd": self.run_sd, "run_df": self.df,
+                "run_p_value": self.p_value}
+
+
+def run_accuracies(runs: Sequence[Outcomes], tasks: Sequence[str]) -> np.ndarray:
+    """Each run's accuracy on `tasks`."""
+    return np.array([np.mean([float(run[t]) for t in tasks]) for run in runs])
+
+
+def pooled_run_test(candidate: Sequence[Outcomes], incumbent: Sequence[Outcomes],
+                    reference: Sequence[Sequence[Outcomes]] = ()) -> RunTest:
+    """Is the candidate's mean run accuracy above the incumbent's, beyond run-to-run noise?
+
+    Every run is scored on the same tasks (those all runs share), so task difficulty cancels;
+    what varies between runs of one config is the run's own luck plus the draws of its answers.
+    The variance of a run's accuracy is pooled over the candidate's runs, the incumbent's and
+    any `reference` groups (for instance a seed bank of the baseline: runs of one config that
+    are no side of this comparison), each around its own mean; the one-sided p is Student's t
+    with that pooled variance. With no degrees of freedom there is no estimate and p is 1."""
+    groups = [list(candidate), list(incumbent), *(list(g) for g in reference if g)]
+    shared = set.intersection(*(set(run) for group in groups for run in group))
+    tasks = sorted(shared)
+    if not candidate or not incumbent or not tasks:
+        return RunTest(0.0, float("nan"), 0, 1.0, (len(candidate), len(incumbent)))
+    accuracies = [run_accuracies(g, tasks) for g in groups]
+    df = sum(len(a) for a in accuracies) - len(accuracies)
+    squares = sum(float(((a - a.mean()) ** 2).sum()) for a in accuracies)
+    difference = float(accuracies[0].mean() - accuracies[1].mean())
+    if df <= 0:
+        return RunTest(difference, float("nan"), 0, 1.0, (len(candidate), len(incumbent)))
+    sd = math.sqrt(squares / df)
+    scale = sd * math.sqrt(1 / len(accuracies[0]) + 1 / len(accuracies[1]))
+    if scale == 0:
+        p = 0.0 if difference > 0 else 1.0
+    else:
+        p = float(student_t.sf(difference / scale, df))
+    return RunTest(difference, sd, df, p, (len(candidate), len(incumbent)))

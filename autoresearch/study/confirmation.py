@@ -9,14 +9,22 @@ error rates it measures are those of the code that decides real studies.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from autoresearch.evaluation.stats import RunTest
 from autoresearch.study.decisions import KeepRule, Verdicts
 
 ACTIVE = ("queued", "running")
 """Trial statuses that may still produce a result."""
+EVIDENCE_ROLES = ("bank", "confirm")
+"""Runs made to measure noise or confirm a finding: they must be fresh, never a replay of
+another study's run unless the study says so."""
+BASELINE_ATTEMPTS = 2
+"""A crashed baseline is run again once; crashing twice fails the study (every candidate is
+judged against it)."""
 
 Trial = dict[str, Any]
 
@@ -24,6 +32,7 @@ Trial = dict[str, Any]
 class Budget(Protocol):
     confirm_seeds: int
     max_confirm_trials: int
+    seed_bank: int
 
 
 @dataclass(frozen=True)
@@ -36,12 +45,14 @@ class Wait:
 @dataclass(frozen=True)
 class Rerun:
     """`candidate` was ahead of `incumbent` on the first look: run these (contender, seed)
-    pairs, then decide."""
+    pairs, and the seed bank's runs not made yet, then decide."""
 
     candidate: Trial
     incumbent: Trial
     missing: list[tuple[Trial, int]]
     seeds: list[int]
+    bank: list[int]
+    """Seeds of the base config's seed-bank runs to queue now (the first confirmation)."""
 
 
 @dataclass(frozen=True)
@@ -56,14 +67,58 @@ class Verdict:
     """The comparison the verdict rests on (None for the reference)."""
     kept: bool
     note: str
+    runs: RunTest | None = None
+    """The run-level comparison of a confirmation (runs as the unit of evidence)."""
 
 
-Decision = Wait | Rerun | Verdict
+@dataclass(frozen=True)
+class RetryBaseline:
+    """The baseline crashed: run it again before judging anything against it."""
+
+    baseline: Trial
 
 
-def confirmation_seeds(base_seed: int, budget: Budget) -> list[int]:
-    """The seeds of the confirmation re-runs (never the first look's)."""
-    return [base_seed + k for k in range(1, budget.confirm_seeds + 1)]
+@dataclass(frozen=True)
+class StudyFailed:
+    """Nothing can be decided: the study must stop and say why."""
+
+    reason: str
+
+
+Decision = Wait | Rerun | Verdict | RetryBaseline | StudyFailed
+
+
+@dataclass(frozen=True)
+class EvidenceSeeds:
+    """Seeds of a study's evidence runs, drawn from the study's own seed: another study (or the
+    same one declared with another seed) gets other seeds, so its runs are fresh evidence and
+    never the same cached runs; none is the first look's seed."""
+
+    bank: list[int]
+    """The seed bank: extra runs of the base config that measure run-to-run noise."""
+    confirm: list[int]
+    """Confirmation re-runs, the same for every contender (paired by seed)."""
+
+
+def evidence_seeds(study_seed: int, base_seed: int, budget: Budget) -> EvidenceSeeds:
+    rng = random.Random(f"autoresearch-evidence-seeds:{study_seed}")
+    drawn: list[int] = []
+    while len(drawn) < max(0, budget.seed_bank - 1) + budget.confirm_seeds:
+        seed = rng.randrange(1, 2**31 - 1)
+        if seed != base_seed and seed not in drawn:
+            drawn.append(seed)
+    banked = max(0, budget.seed_bank - 1)
+    return EvidenceSeeds(drawn[:banked], drawn[banked:])
+
+
+def bank_runs(trials: Sequence[Trial]) -> list[Trial] | Wait:
+    """The base config's runs that measure run-to-run noise: the baseline's first look and its
+    seed-bank runs that finished (crashed ones drop out); `Wait` while any of them runs."""
+    bank = [t for t in trials if t["role"] == "bank"]
+    if any(t["status"] in ACTIVE for t in bank):
+        return Wait("the seed bank is still running")
+    baseline = [t for t in trials if t["role"] == "baseline"]
+    return [t for t in baseline + bank if t["status"] != "crashed" and t.get("dev")]
 
 
 def next_candidate(trials: Sequence[Trial]) -> Trial | None:
@@ -77,27 +132,45 @@ def next_candidate(trials: Sequence[Trial]) -> Trial | None:
 
 
 def next_decision(trials: Sequence[Trial], best_id: str | None, rule: KeepRule,
-                  budget: Budget, base_seed: int) -> Decision | None:
+                  budget: Budget, seeds: EvidenceSeeds) -> Decision | None:
     """What to do next for the study whose trials are `trials` and whose incumbent is
     `best_id`; None when every finished candidate is decided."""
+    baseline = next((t for t in trials if t["role"] == "baseline"), None)
+    if best_id is None and baseline is not None and baseline["status"] == "crashed":
+        if (baseline.get("attempts") or 0) < BASELINE_ATTEMPTS:
+            return RetryBaseline(baseline)
+        return StudyFailed(f"the baseline {baseline['id']} crashed "
+                           f"{baseline.get('attempts') or 0} times: every candidate is judged "
+                           "against it, so nothing can be decided")
     candidate = next_candidate(trials)
     if candidate is None:
         return None
     if best_id is None:
-        baseline = next((t for t in trials if t["role"] == "baseline"), None)
-        if candidate["role"] != "baseline" and baseline and baseline["status"] in ACTIVE:
-            return Wait("every candidate is judged against the baseline: waiting for it")
-        note = ("the baseline is the first reference" if candidate["role"] == "baseline"
-                else "the baseline crashed: the first finished trial is the reference")
-        return Verdict(candidate, None, "reference", None, True, note)
+        if candidate["role"] == "baseline":
+            return Verdict(candidate, None, "reference", None, True,
+                           "the baseline is the first reference")
+        if baseline is not None and baseline["status"] == "stopped":
+            return Verdict(candidate, None, "reference", None, True,
+                           "the baseline was stopped on request: the first finished trial is "
+                           "the reference, and nothing was compared with the base config")
+        return Wait("every candidate is judged against the baseline: waiting for it")
     incumbent = next(t for t in trials if t["id"] == best_id)
     action, test = rule.first_look(candidate["dev"]["verdicts"], incumbent["dev"]["verdicts"])
     if action != "confirm":
         return Verdict(candidate, incumbent, "first look", test, False,
                        "not ahead enough on the first look to confirm")
-    runs = replicates(candidate, incumbent, trials, budget, base_seed)
-    if isinstance(runs, (Wait, Rerun)):
+    runs = replicates(candidate, incumbent, trials, budget, seeds.confirm)
+    banked = {t["seed"] for t in trials if t["role"] == "bank"}
+    bank_missing = [s for s in seeds.bank if s not in banked]
+    if isinstance(runs, Rerun):
+        return Rerun(runs.candidate, runs.incumbent, runs.missing, runs.seeds, bank_missing)
+    if isinstance(runs, Wait):
         return runs
+    if bank_missing and runs != "no budget":
+        return Rerun(candidate, incumbent, [], seeds.confirm, bank_missing)
+    bank = bank_runs(trials)
+    if isinstance(bank, Wait):
+        return bank
     if runs == "no budget":
         return Verdict(candidate, incumbent, "first look", test, False,
                        "ahead on the first look, but no confirmation budget left: not kept "
@@ -106,27 +179,33 @@ def next_decision(trials: Sequence[Trial], best_id: str | None, rule: KeepRule,
         return Verdict(candidate, incumbent, "first look", test, False,
                        "every confirmation re-run crashed")
     first = test
-    action, test = rule.confirm(*runs)
-    note = (f"fresh seeds only: one-sided p={test.p_value:.4g} vs alpha "
-            f"{rule.budget.per_confirmation:.4g} per confirmation; the selecting first look "
-            f"was {first.difference.value:+.3f} ({first.wins:g} wins, {first.losses:g} losses)")
-    return Verdict(candidate, incumbent, "confirmation", test, action == "keep", note)
+    action, test, run_test = rule.confirm(*runs, reference=[[t["dev"]["verdicts"]
+                                                             for t in bank]])
+    alpha = rule.budget.per_confirmation
+    note = (f"fresh seeds only: per task one-sided p={test.p_value:.4g}, per run one-sided "
+            f"p={run_test.p_value:.4g} (run-to-run SD {run_test.run_sd:.3f}, {run_test.df} df, "
+            f"{len(bank)} seed-bank runs), both against alpha {alpha:.4g} per confirmation; the "
+            f"selecting first look was {first.difference.value:+.3f} ({first.wins:g} wins, "
+            f"{first.losses:g} losses)")
+    return Verdict(candidate, incumbent, "confirmation", test, action == "keep", note, run_test)
 
 
 def replicates(candidate: Trial, incumbent: Trial, trials: Sequence[Trial], budget: Budget,
-               base_seed: int) -> tuple[list[Verdicts], list[Verdicts]] | Wait | Rerun | str:
+               seeds: Sequence[int]) -> tuple[list[Verdicts], list[Verdicts]] | Wait | Rerun | str:
     """The verdicts of both contenders' fresh-seed re-runs, paired by seed; a `Rerun` for the
-    ones not run yet (or "no budget" if they would overspend it); `Wait` while any runs. The
-    incumbent's re-runs are reused across candidates; a crashed re-run drops its seed from
-    both sides."""
-    seeds = confirmation_seeds(base_seed, budget)
+    ones not run yet (or "no budget" if they would overspend it); `Wait` while any runs. Only
+    trials made as re-runs count (a proposal that happens to use a confirmation seed is not its
+    own confirmation). The incumbent's re-runs are reused across candidates; a crashed re-run
+    drops its seed from both sides."""
+    seeds = list(seeds)
     if not seeds:
         return "no budget"
     found: dict[tuple[str, int], Trial] = {}
     missing: list[tuple[Trial, int]] = []
     for contender in (candidate, incumbent):
         for seed in seeds:
-            match = next((t for t in trials if t["config_key"] == contender["config_key"]
+            match = next((t for t in trials if t["role"] == "confirm"
+                          and t["config_key"] == contender["config_key"]
                           and t["seed"] == seed), None)
             if match is None:
                 missing.append((contender, seed))
@@ -136,7 +215,7 @@ def replicates(candidate: Trial, incumbent: Trial, trials: Sequence[Trial], budg
         spent = sum(1 for t in trials if t["role"] == "confirm")
         if spent + len(missing) > budget.max_confirm_trials:
             return "no budget"
-        return Rerun(candidate, incumbent, missing, seeds)
+        return Rerun(candidate, incumbent, missing, seeds, [])
     if any(t["status"] in ACTIVE for t in found.values()):
         return Wait("confirmation re-runs are still running")
     candidate_runs: list[Verdicts] = []

@@ -11,7 +11,11 @@ with the incumbent (the best so far): per task, right or wrong (`stats.paired_ex
     confirmation  both contenders are re-run with fresh seeds (never the first look's). Each
                   task's outcome is averaged over those seeds, and the candidate is kept when
                   the exact one-sided sign-flip test of the per-task differences (for one seed,
-                  the exact McNemar test) gives p at most the per-confirmation alpha.
+                  the exact McNemar test) gives p at most the per-confirmation alpha, and so
+                  does a test with runs as the unit (`stats.pooled_run_test`: each run's
+                  accuracy one observation, the run-to-run variance pooled over the re-runs and
+                  the baseline's seed bank). A run's own luck is shared by all its tasks, so
+                  the task-level test alone treats one lucky run as many independent wins.
     error budget  the study's alpha (the chance that it keeps any change that is no better) is
                   split evenly (Bonferroni) over the most confirmations its budget allows, so it
                   holds whichever candidates are picked, in whatever order, however the tests
@@ -28,7 +32,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from autoresearch.evaluation.stats import PairedTest, mcnemar_exact, paired_exact_test
+from autoresearch.evaluation.stats import (
+    PairedTest,
+    RunTest,
+    mcnemar_exact,
+    paired_exact_test,
+    pooled_run_test,
+)
 
 Verdicts = Mapping[str, bool]
 """Task id -> whether the trial's answer matched the gold result."""
@@ -83,6 +93,10 @@ class KeepRule:
     """A first look sends a candidate to confirmation when it is ahead with one-sided exact
     McNemar p at most this (0.5: ahead at all). Selecting harder spends the confirmation budget
     on likelier winners (measured by bench/bench_keep_rule.py); it costs no error budget."""
+    run_level: bool = True
+    """Also require the run-level test at a confirmation. False leaves the task-level test
+    alone: the rule before runs were the unit, kept so `bench_keep_rule.py` can measure what
+    it let through."""
 
     def first_look(self, candidate: Verdicts, incumbent: Verdicts) -> tuple[Action, PairedTest]:
         """One seed each: "confirm" (promising) or "discard". Never "keep"."""
@@ -92,24 +106,36 @@ class KeepRule:
             or mcnemar_exact(int(test.wins), int(test.losses), "greater") <= self.select_p)
         return ("confirm" if promising else "discard"), test
 
-    def confirm(self, candidate_runs: Sequence[Verdicts],
-                incumbent_runs: Sequence[Verdicts]) -> tuple[Action, PairedTest]:
-        """Fresh runs only (the first look is not pooled in): keep or discard."""
+    def confirm(self, candidate_runs: Sequence[Verdicts], incumbent_runs: Sequence[Verdicts],
+                reference: Sequence[Sequence[Verdicts]] = ()
+                ) -> tuple[Action, PairedTest, RunTest]:
+        """Fresh runs only (the first look is not pooled in): keep or discard.
+
+        Two tests must both pass at the per-confirmation alpha: per task (the exact sign-flip
+        test over tasks, which sees the noise of each answer) and per run (each run's accuracy
+        one observation, Student t with the run-to-run variance pooled over both sides and the
+        `reference` runs, the seed bank: it sees the luck a run shares across all its tasks,
+        which the task-level test cannot). Without run-to-run degrees of freedom nothing is
+        kept."""
         if not candidate_runs or not incumbent_runs:
             raise ValueError("a confirmation needs at least one fresh run on each side")
         alpha = self.budget.per_confirmation
         test = paired_exact_test(candidate_runs, incumbent_runs, alpha=0.05)
-        keep = alpha > 0 and test.difference.value > 0 and test.p_value <= alpha
-        return ("keep" if keep else "discard"), test
+        runs = pooled_run_test(candidate_runs, incumbent_runs, reference)
+        keep = (alpha > 0 and test.difference.value > 0 and test.p_value <= alpha
+                and (runs.p_value <= alpha or not self.run_level))
+        return ("keep" if keep else "discard"), test, runs
 
     def describe(self) -> str:
         return (
             "The first look (one seed each, paired per dev task) only selects: a candidate "
             f"ahead of the best (one-sided exact McNemar p <= {self.select_p:g}) is re-run, with "
             "the best, on fresh seeds. It is kept only if "
-            "those re-runs alone (per-task outcomes averaged over seeds; exact one-sided "
-            "McNemar / sign-flip test) favour it at the per-confirmation alpha. Without "
-            "confirmation budget nothing is kept. " + self.budget.describe() + " Intervals "
+            "those re-runs alone favour it at the per-confirmation alpha both per task "
+            "(per-task outcomes averaged over seeds; exact one-sided McNemar / sign-flip test) "
+            "and per run (each run's accuracy one observation; one-sided t with the "
+            "run-to-run variance pooled over the re-runs and the baseline's seed bank). "
+            "Without confirmation budget nothing is kept. " + self.budget.describe() + " Intervals "
             "are 95%: Newcombe's score interval for one seed, a bootstrap over tasks for "
             "several. The test split is read once, for the final best against the base config."
         )

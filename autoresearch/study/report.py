@@ -9,6 +9,7 @@ comparison of the best config with the baseline, as the keep rule requires.
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -82,6 +83,23 @@ def _changes(row: dict[str, Any]) -> str:
     return ", ".join(f"{k}={_fmt(v)}" for k, v in changes.items()) or "(base config)"
 
 
+def _seed_bank_blocks(trials: list[dict[str, Any]]) -> list[Block]:
+    """The base config's runs on several seeds: how much one run's dev score moves by luck."""
+    bank = [t for t in trials if t["role"] in ("baseline", "bank")
+            and t.get("dev_accuracy") is not None]
+    if len([t for t in trials if t["role"] == "bank"]) == 0:
+        return []
+    scores = [float(t["dev_accuracy"]) for t in bank]
+    spread = (f"run-to-run SD {statistics.stdev(scores):.3f} ({len(scores) - 1} df)"
+              if len(scores) > 1 else "no spread yet (fewer than two finished runs)")
+    runs = ", ".join(f"{t['id']} seed {t['seed']}: {float(t['dev_accuracy']):.3f}" for t in bank)
+    return [Block("h2", "Run-to-run noise (seed bank)"), Block("p", (
+        f"The base config on {len(bank)} seeds scored {runs} on dev: {spread}. A confirmation "
+        "keeps a change only if it is ahead both per task and per run, with runs as the unit "
+        "and this spread pooled with the re-runs' own; a gain smaller than about twice this SD "
+        "cannot be confirmed with a few seeds."))]
+
+
 def build(journal: Journal) -> list[Block]:
     study = journal.study()
     spec = study["spec"]
@@ -108,6 +126,7 @@ def build(journal: Journal) -> list[Block]:
         f"{sum(t['wall_seconds'] or 0 for t in trials):.0f} trial-seconds.")))
 
     blocks += _warmup_blocks(journal, trials)
+    blocks += _seed_bank_blocks(trials)
 
     blocks.append(Block("h2", "Result"))
     unfinished_study = study["state"] != "finished"

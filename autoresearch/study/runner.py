@@ -39,7 +39,16 @@ from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.progress import ProgressCallback, ProgressTracker, describe
 from autoresearch.rl.record import TrialRecord
 from autoresearch.rl.trial import TrialResult
-from autoresearch.study.confirmation import ACTIVE, Rerun, Wait, next_decision
+from autoresearch.study.confirmation import (
+    ACTIVE,
+    EVIDENCE_ROLES,
+    Rerun,
+    RetryBaseline,
+    StudyFailed,
+    Wait,
+    evidence_seeds,
+    next_decision,
+)
 from autoresearch.study.control import (
     ControlledExecutor,
     ControlledProposer,
@@ -73,6 +82,10 @@ def _run_exclusively(executor: Executor, job: TrialJob, sink: Any) -> TrialResul
     with lock:
         return executor.run(job, sink)
 STEP_FLUSH_SECONDS = 2.0
+
+
+class DecisionsImpossible(RuntimeError):
+    """The keep rule cannot decide anything (the baseline keeps crashing): the study fails."""
 
 
 @dataclass
@@ -139,16 +152,18 @@ class StudyRunner:
                 try:
                     self._warm_up(executor)
                     trials = self._controlled(self._with_trial_cache(given))
-                    self._loop(trials)
-                    self._final_test(trials)
+                    evidence = trials if self._replays_evidence() else executor
+                    self._loop(trials, evidence)
+                    self._final_test(evidence)
                 except KeyboardInterrupt:
                     self._interrupt()  # before the server goes down under the trials
                     raise
         except KeyboardInterrupt:
             self._interrupt()
             raise
-        except WarmupFailed as exc:
+        except (WarmupFailed, DecisionsImpossible) as exc:
             log.error("%s", exc)
+            self.journal.event("study", f"study failed: {exc}")
             self.journal.set_study(state="failed")
             return self.outcome(write_report(self.dir))
         self.journal.set_study(state="finished")
@@ -200,6 +215,11 @@ class StudyRunner:
         owner, exists = self._checkpoint_access()
         cache = TrialCache(cache_root(spec.dir), server_scope(self.study))
         return CachingExecutor(executor, cache, self._server_data, owner, exists)
+
+    def _replays_evidence(self) -> bool:
+        """Whether seed-bank and confirmation runs may be replayed from the trial cache (only
+        where the study declares it): otherwise they always train fresh."""
+        return self.study.trial_cache is not None and self.study.trial_cache.replay_evidence
 
     def _replay_pruning(self) -> None:
         if not self.pruning.enabled:
@@ -292,7 +312,9 @@ class StudyRunner:
             pool = stack.enter_context(RewardPool(workers=self.study.reward_workers))
             yield LocalExecutor(url, _api_key(), pool)
 
-    def _loop(self, executor: Executor) -> None:
+    def _loop(self, executor: Executor, evidence: Executor) -> None:
+        """Run trials until the budget is spent: exploration on `executor`, seed-bank and
+        confirmation runs on `evidence` (the same, or one that never replays a cached run)."""
         parallel = self.study.executor.max_parallel_trials
         pending: dict[Future, str] = {}
         threads = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="trial")
@@ -306,11 +328,13 @@ class StudyRunner:
                     if len(pending) >= parallel:
                         break
                     if row["id"] not in pending.values():
-                        pending[self._dispatch(row, executor, threads)] = row["id"]
+                        runner = evidence if row["role"] in EVIDENCE_ROLES else executor
+                        pending[self._dispatch(row, runner, threads)] = row["id"]
                 free = parallel - len(pending)
                 if free > 0:
                     for row in self._new_trials(free):
-                        pending[self._dispatch(row, executor, threads)] = row["id"]
+                        runner = evidence if row["role"] in EVIDENCE_ROLES else executor
+                        pending[self._dispatch(row, runner, threads)] = row["id"]
                 if not pending:
                     break
                 done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
@@ -433,6 +457,12 @@ class StudyRunner:
         planned: list[TrialConfig] = []
         new_rows = []
         for proposal in batch.proposals:
+            try:
+                self.space.validate(proposal.changes)
+            except ValueError as exc:
+                self.journal.event("proposer", f"proposal rejected, outside the search space: "
+                                   f"{exc}", changes=proposal.changes)
+                continue
             config = self.space.base.with_changes(proposal.changes)
             if not self._steps_fit(trials, planned, config):
                 break
@@ -612,10 +642,24 @@ class StudyRunner:
         if not tasks or best_id is None:
             return
         trials = self.journal.trials()
-        baseline = next((t for t in trials if t["role"] == "baseline"), None)
-        contenders = [self.journal.trial(best_id)]
-        if baseline is not None and baseline["id"] != best_id and baseline.get("checkpoint"):
-            contenders.append(baseline)
+        planned = [e for e in self.journal.events() if e["kind"] == "test plan"]
+        if planned:
+            # The split was (being) read for these; a resume finishes that read and never
+            # starts another, whatever the best is now.
+            ids = (planned[0]["data"] or {}).get("trials", [])
+            if best_id not in ids:
+                self._say_once("test-once", f"the test split was already read for {ids}; it "
+                               f"is not read again for {best_id}")
+            contenders = [self.journal.trial(i) for i in ids]
+        else:
+            baseline = next((t for t in trials if t["role"] == "baseline"), None)
+            contenders = [self.journal.trial(best_id)]
+            if (baseline is not None and baseline["id"] != best_id
+                    and baseline.get("checkpoint")):
+                contenders.append(baseline)
+            self.journal.event("test plan", "the test split is read once, for "
+                               + " and ".join(c["id"] for c in contenders),
+                               trials=[c["id"] for c in contenders])
         for row in contenders:
             if row.get("test") or not row.get("checkpoint"):
                 continue
@@ -644,20 +688,55 @@ class StudyRunner:
         (`confirmation.next_decision` decides; this carries it out in the journal)."""
         while True:
             decision = next_decision(self.journal.trials(), self.journal.study()["best_trial"],
-                                     self.rule, self.study.budget, self.space.base.seed)
+                                     self.rule, self.study.budget, self._seeds())
             if decision is None or isinstance(decision, Wait):
+                return
+            if isinstance(decision, StudyFailed):
+                raise DecisionsImpossible(decision.reason)
+            if isinstance(decision, RetryBaseline):
+                baseline = decision.baseline
+                self.journal.update_trial(baseline["id"], status="queued", error=None)
+                self.journal.event("trial", "the baseline crashed; running it again (every "
+                                   "candidate is judged against it)", baseline["id"])
                 return
             if isinstance(decision, Rerun):
                 self._queue_reruns(decision)
                 return
             verdict = "kept" if decision.kept else "discarded"
             self._record(decision.candidate, decision.incumbent, decision.rule, decision.test,
-                         verdict, decision.note)
+                         verdict, decision.note, decision.runs)
+
+    def _seeds(self):
+        return evidence_seeds(self.study.seed, self.space.base.seed, self.study.budget)
+
+    def _queue_seed_bank(self, seeds: list[int], number: int) -> int:
+        """Journal the seed bank: the base config on seeds of its own; with the baseline's run,
+        its spread is the run-to-run noise every confirmation is judged against. Queued with
+        the first confirmation (a study that confirms nothing spends nothing on it). Returns
+        the next trial number."""
+        baseline = next(t for t in self.journal.trials() if t["role"] == "baseline")
+        if not seeds:
+            return number
+        base = self.space.base
+        rows = []
+        for seed in seeds:
+            rows.append(self._trial_row(
+                number, "bank", base.with_changes({"seed": seed}), {}, "seed bank",
+                f"the base config with seed {seed}: with the baseline's own run, the seed bank "
+                "that measures run-to-run noise", base, None, replicate_of=baseline["id"]))
+            number += 1
+        self.journal.add_trials(rows)
+        self.journal.event("seed bank", f"the base config on {len(seeds)} more seeds {seeds} "
+                           f"(with {baseline['id']}: {len(seeds) + 1} runs) measures run-to-run "
+                           "noise", baseline["id"], seeds=seeds, queued=[r["id"] for r in rows])
+        return number
 
     def _queue_reruns(self, rerun: Rerun) -> None:
         """Journal the confirmation re-runs a first look asked for; the loop starts them."""
         candidate, incumbent = rerun.candidate, rerun.incumbent
-        number = self.journal.next_number()
+        number = self._queue_seed_bank(rerun.bank, self.journal.next_number())
+        if not rerun.missing:
+            return
         rows = []
         best_config = TrialConfig.model_validate(incumbent["config"])
         for contender, seed in rerun.missing:
@@ -674,8 +753,10 @@ class StudyRunner:
                            candidate["id"], queued=[r["id"] for r in rows])
 
     def _record(self, candidate: dict[str, Any], incumbent: dict[str, Any] | None, rule: str,
-                comparison: Any, verdict: str, note: str) -> None:
+                comparison: Any, verdict: str, note: str, runs: Any = None) -> None:
         diff = comparison.as_dict() if comparison is not None else {}
+        if runs is not None:
+            diff.update(runs.as_dict())
         alpha = self.rule.budget.per_confirmation if rule == "confirmation" else None
         decision = {"verdict": verdict, "rule": rule, "against": incumbent and incumbent["id"],
                     **diff, "alpha": alpha, "note": note}

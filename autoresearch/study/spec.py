@@ -44,6 +44,12 @@ class Budget(_Strict):
     can be kept)."""
     max_confirm_trials: int = Field(4, ge=0, le=10_000)
     """Trials the study may spend on such re-runs, over and above `max_trials`."""
+    seed_bank: int = Field(3, ge=0, le=64)
+    """Runs of the base config that measure run-to-run noise, the baseline's own run included:
+    `seed_bank - 1` extra runs on seeds drawn from the study's seed, queued with the first
+    confirmation, over and above the other budgets. Their spread enters every confirmation's
+    run-level test (and the report); 0 or 1 means no bank, and the run-to-run variance comes
+    from the confirmation re-runs alone."""
     alpha: float = Field(0.05, gt=0, lt=0.5)
     """The study's error budget: the chance that it keeps any change that is no better, split
     over the confirmations it can run (`decisions.ErrorBudget`)."""
@@ -106,6 +112,9 @@ class TrialCacheSpec(_Strict):
     dir: str | None = None
     """Where finished trials are kept (default $AUTORESEARCH_CACHE/trials, else
     ~/.cache/autoresearch/trials)."""
+    replay_evidence: bool = False
+    """Seed-bank and confirmation runs are evidence and always train fresh; true lets the cache
+    replay them too (the report then marks each replayed one)."""
 
 
 class PruningSpec(_Strict):
@@ -136,7 +145,8 @@ class Study(_Strict):
     """What the study maximises: execution accuracy on the fixed dev subset. Decisions read
     only the dev split; the test split is read once, to report the final best."""
     seed: int = Field(0, ge=0)
-    """Seeds the offline proposer; trial seeds come from `base_trial.seed`."""
+    """Seeds the offline proposer and draws the seeds of the seed bank and the confirmation
+    re-runs (`confirmation.evidence_seeds`); exploration trials run with `base_trial.seed`."""
     output_dir: str | None = None
     """Where the journal, trial directories and report go (default runs/studies/<name>)."""
     server_url: str | None = None

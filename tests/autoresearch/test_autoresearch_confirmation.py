@@ -4,13 +4,23 @@ crashes and waiting."""
 
 from __future__ import annotations
 
-from autoresearch.study.confirmation import Rerun, Verdict, Wait, next_decision
+from autoresearch.study.confirmation import (
+    EvidenceSeeds,
+    Rerun,
+    RetryBaseline,
+    StudyFailed,
+    Verdict,
+    Wait,
+    evidence_seeds,
+    next_decision,
+)
 from autoresearch.study.decisions import keep_rule_for
 from autoresearch.study.spec import Budget
 
 TASKS = [f"dev-{i:03d}" for i in range(60)]
-BUDGET = Budget(max_trials=4, confirm_seeds=2, max_confirm_trials=4)
+BUDGET = Budget(max_trials=4, confirm_seeds=2, max_confirm_trials=4, seed_bank=0)
 RULE = keep_rule_for(BUDGET)
+SEEDS = EvidenceSeeds(bank=[], confirm=[1, 2])
 
 
 def trial(number: int, role: str, key: str, right: int, seed: int = 0, status: str = "done",
@@ -24,23 +34,27 @@ def trial(number: int, role: str, key: str, right: int, seed: int = 0, status: s
 def test_the_baseline_is_judged_first_and_becomes_the_reference():
     trials = [trial(1, "explore", "b", 30, finished=0), trial(0, "baseline", "a", 10,
                                                                 finished=5)]
-    decision = next_decision(trials, None, RULE, BUDGET, base_seed=0)
+    decision = next_decision(trials, None, RULE, BUDGET, SEEDS)
     assert isinstance(decision, Verdict) and decision.kept
     assert decision.candidate["id"] == "t0000" and decision.rule == "reference"
 
 
-def test_candidates_wait_for_a_running_baseline_and_a_crashed_one_is_named():
+def test_candidates_wait_for_the_baseline_which_is_retried_once_then_fails_the_study():
     running = [trial(0, "baseline", "a", 10, status="running"), trial(1, "explore", "b", 30)]
-    assert isinstance(next_decision(running, None, RULE, BUDGET, 0), Wait)
-    crashed = [trial(0, "baseline", "a", 10, status="failed"), trial(1, "explore", "b", 30)]
-    decision = next_decision(crashed, None, RULE, BUDGET, 0)
-    assert isinstance(decision, Verdict) and "baseline crashed" in decision.note
+    assert isinstance(next_decision(running, None, RULE, BUDGET, SEEDS), Wait)
+    crashed = [trial(0, "baseline", "a", 10, status="crashed"), trial(1, "explore", "b", 30)]
+    crashed[0]["attempts"] = 1
+    decision = next_decision(crashed, None, RULE, BUDGET, SEEDS)
+    assert isinstance(decision, RetryBaseline) and decision.baseline["id"] == "t0000"
+    crashed[0]["attempts"] = 2
+    decision = next_decision(crashed, None, RULE, BUDGET, SEEDS)
+    assert isinstance(decision, StudyFailed) and "crashed 2 times" in decision.reason
 
 
 def test_a_candidate_ahead_on_the_first_look_asks_for_fresh_seed_reruns_of_both():
     base, cand = trial(0, "baseline", "a", 10), trial(1, "explore", "b", 40)
     base["decision"] = {"verdict": "kept"}
-    decision = next_decision([base, cand], "t0000", RULE, BUDGET, base_seed=7)
+    decision = next_decision([base, cand], "t0000", RULE, BUDGET, EvidenceSeeds([], [8, 9]))
     assert isinstance(decision, Rerun)
     assert decision.seeds == [8, 9]
     assert sorted((c["id"], s) for c, s in decision.missing) == [
@@ -53,10 +67,11 @@ def test_confirmed_reruns_keep_and_a_behind_candidate_is_discarded_on_the_first_
     reruns = [trial(2 + i, "confirm", key, right, seed=seed, status="done")
               for i, (key, right, seed) in enumerate(
                   [("a", 10, 1), ("a", 11, 2), ("b", 41, 1), ("b", 39, 2)])]
-    decision = next_decision([base, cand, *reruns], "t0000", RULE, BUDGET, 0)
+    decision = next_decision([base, cand, *reruns], "t0000", RULE, BUDGET, SEEDS)
     assert isinstance(decision, Verdict) and decision.kept and decision.rule == "confirmation"
+    assert decision.runs.p_value < 0.001 and decision.runs.df == 2  # 5 runs in 3 groups
     behind = trial(1, "explore", "b", 5)
-    decision = next_decision([base, behind], "t0000", RULE, BUDGET, 0)
+    decision = next_decision([base, behind], "t0000", RULE, BUDGET, SEEDS)
     assert isinstance(decision, Verdict) and not decision.kept
     assert decision.rule == "first look"
 
@@ -65,7 +80,7 @@ def test_reruns_that_would_overspend_the_budget_discard_without_confirmation():
     base, cand = trial(0, "baseline", "a", 10), trial(1, "explore", "b", 40)
     base["decision"] = {"verdict": "kept"}
     spent = [trial(10 + i, "confirm", "z", 0, seed=50 + i) for i in range(3)]
-    decision = next_decision([base, cand, *spent], "t0000", RULE, BUDGET, 0)
+    decision = next_decision([base, cand, *spent], "t0000", RULE, BUDGET, SEEDS)
     assert isinstance(decision, Verdict) and not decision.kept
     assert "no confirmation budget left" in decision.note
 
@@ -76,9 +91,43 @@ def test_running_reruns_wait_and_crashed_ones_drop_their_seed():
     reruns = [trial(2, "confirm", "a", 10, seed=1), trial(3, "confirm", "a", 10, seed=2),
               trial(4, "confirm", "b", 40, seed=1), trial(5, "confirm", "b", 40, seed=2,
                                                          status="running")]
-    assert isinstance(next_decision([base, cand, *reruns], "t0000", RULE, BUDGET, 0), Wait)
+    assert isinstance(next_decision([base, cand, *reruns], "t0000", RULE, BUDGET, SEEDS), Wait)
     reruns[-1] = trial(5, "confirm", "b", 0, seed=2, status="failed")
     reruns[0] = trial(2, "confirm", "a", 0, seed=1, status="failed")
-    decision = next_decision([base, cand, *reruns], "t0000", RULE, BUDGET, 0)
+    decision = next_decision([base, cand, *reruns], "t0000", RULE, BUDGET, SEEDS)
     assert isinstance(decision, Verdict) and not decision.kept
     assert decision.note == "every confirmation re-run crashed"
+
+
+def test_a_proposal_on_a_confirmation_seed_is_not_its_own_confirmation():
+    base, cand = trial(0, "baseline", "a", 10), trial(1, "explore", "b", 40)
+    base["decision"] = {"verdict": "kept"}
+    lookalike = trial(2, "explore", "b", 40, seed=1)  # same config and seed, but a proposal
+    lookalike["decision"] = {"verdict": "discarded"}
+    decision = next_decision([base, cand, lookalike], "t0000", RULE, BUDGET, SEEDS)
+    assert isinstance(decision, Rerun)
+    assert ("t0001", 1) in {(c["id"], s) for c, s in decision.missing}
+
+
+def test_a_confirmation_waits_for_the_seed_bank_and_counts_its_runs():
+    base, cand = trial(0, "baseline", "a", 10), trial(1, "explore", "b", 40)
+    base["decision"] = {"verdict": "kept"}
+    reruns = [trial(2 + i, "confirm", key, right, seed=seed)
+              for i, (key, right, seed) in enumerate(
+                  [("a", 10, 1), ("a", 11, 2), ("b", 41, 1), ("b", 39, 2)])]
+    bank = [trial(7, "bank", "a", 12, seed=5, status="running"), trial(8, "bank", "a", 9, seed=6)]
+    budget = Budget(max_trials=4, confirm_seeds=2, max_confirm_trials=4, seed_bank=3)
+    trials = [base, cand, *reruns, *bank]
+    assert isinstance(next_decision(trials, "t0000", RULE, budget, SEEDS), Wait)
+    bank[0] = trial(7, "bank", "a", 12, seed=5)
+    decision = next_decision(trials[:-2] + bank, "t0000", RULE, budget, SEEDS)
+    assert isinstance(decision, Verdict) and decision.runs.df == 4  # 7 runs in 3 groups
+    assert "3 seed-bank runs" in decision.note
+
+
+def test_evidence_seeds_come_from_the_study_seed_and_avoid_the_first_looks():
+    budget = Budget(confirm_seeds=2, seed_bank=3)
+    one, again, other = (evidence_seeds(s, 0, budget) for s in (1, 1, 2))
+    assert one == again and one != other
+    assert len(one.bank) == 2 and len(one.confirm) == 2
+    assert len({*one.bank, *one.confirm, 0}) == 5

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from autoresearch.rl.config import TrialConfig
+from autoresearch.study.confirmation import evidence_seeds
 from autoresearch.study.decisions import ErrorBudget, KeepRule
 from autoresearch.study.journal import Journal
 from autoresearch.study.runner import run_study
@@ -23,12 +24,14 @@ def _runs(p: float, seeds: list[int], tasks: int = 64, config: TrialConfig = BAS
 
 def _full_rule(seeds: list[int], p_cand: float, p_inc: float,
                cand_config: TrialConfig = BASE, tasks: int = 64) -> str:
-    """First look on seeds[0]; confirmation on the other seeds only, as a study does."""
+    """First look on seeds[0]; confirmation on the other seeds only, with a seed bank of the
+    incumbent's config on three more seeds, as a study does."""
     cand = _runs(p_cand, seeds, tasks, cand_config)
     inc = _runs(p_inc, [1000 + s for s in seeds], tasks)
+    bank = _runs(p_inc, [2000 + s for s in seeds], tasks)
     action, _ = RULE.first_look(cand[0], inc[0])
     if action == "confirm":
-        action, _ = RULE.confirm(cand[1:], inc[1:])
+        action, _, _ = RULE.confirm(cand[1:], inc[1:], reference=[bank])
     return action
 
 
@@ -43,7 +46,7 @@ def test_the_first_look_never_keeps():
 def test_four_wins_of_64_confirmed_on_fresh_seeds_are_not_enough():
     a = {f"t{i}": i < 4 for i in range(64)}
     b = {f"t{i}": False for i in range(64)}
-    action, test = RULE.confirm([a, a], [b, b])
+    action, test, _ = RULE.confirm([a, a], [b, b])
     assert action == "discard" and test.p_value == 0.0625
 
 
@@ -99,8 +102,9 @@ def test_a_study_of_seed_noise_keeps_only_the_baseline_and_says_why(tmp_path: Pa
     confirms = [t for t in trials if t["role"] == "confirm"]
     decisions = journal.decisions()
     confirmations = [d for d in decisions if d["rule"] == "confirmation"]
-    if confirms:  # re-runs use new seeds of the very same configs
-        assert {t["seed"] for t in confirms} <= {1, 2}
+    if confirms:  # re-runs use the study's own fresh seeds of the very same configs
+        seeds = evidence_seeds(study.seed, study.base_trial.seed, study.budget)
+        assert {t["seed"] for t in confirms} <= set(seeds.confirm)
         assert all(t["replicate_of"] for t in confirms) and confirmations
         assert len(confirms) <= 8
     for d in confirmations:  # decided on the fresh seeds alone, at the budgeted alpha

@@ -31,8 +31,10 @@ def test_a_large_planted_gain_is_kept_through_the_runners_decisions():
     world = bench.World(np.random.default_rng(0), 200, -1.0, [0.0, 0.0, 3.0, 0.0])
     assert bench.new_study(world, 3, STUDY) == 2
     # the re-runs it asked for are those the runner would queue: both contenders, fresh seeds
-    assert {(config, seed) for config, seed in world.runs if seed} == {(0, 1), (0, 2), (2, 1),
-                                                                       (2, 2)}
+    assert {(config, seed) for config, seed in world.runs
+            if seed in bench.CONFIRM_SEEDS} == {(0, 1), (0, 2), (2, 1), (2, 2)}
+    assert {(config, seed) for config, seed in world.runs if seed in bench.BANK_SEEDS} == {
+        (0, 5000), (0, 5001)}  # the seed bank: the base config on two more seeds
 
 
 def test_equal_configs_keep_the_baseline():

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from autoresearch.cli import main
+from autoresearch.study.confirmation import evidence_seeds
 from autoresearch.study.journal import Journal
 from autoresearch.study.runner import resume_study, run_study
 from autoresearch.study.spec import Study
@@ -66,15 +67,19 @@ def test_a_promising_candidate_is_re_run_with_new_seeds_before_it_is_kept(tmp_pa
     journal = Journal(tmp_path, read_only=True)
     trials = {t["id"]: t for t in journal.trials()}
     confirms = [t for t in trials.values() if t["role"] == "confirm"]
-    assert sorted((t["replicate_of"], t["seed"]) for t in confirms) == [
-        ("t0001", 2), ("t0001", 3), ("t0002", 2), ("t0002", 3)]
+    seeds = evidence_seeds(study.seed, 1, study.budget)  # the study's own fresh seeds
+    assert sorted((t["replicate_of"], t["seed"]) for t in confirms) == sorted(
+        (trial, seed) for trial in ("t0001", "t0002") for seed in seeds.confirm)
+    bank = [t for t in trials.values() if t["role"] == "bank"]
+    assert sorted(t["seed"] for t in bank) == sorted(seeds.bank)  # queued with the first one
     decision = journal.decisions()[-1]
     # Decided on the fresh seeds alone: tasks stay tasks, seeds are averaged per task.
     assert decision["candidate"] == "t0002" and decision["rule"] == "confirmation"
     assert decision["seeds"] == 2 and decision["n"] == 64
     assert decision["p_value"] <= decision["alpha"] == 0.05  # one confirmation fits the budget
     assert outcome.best["id"] == "t0002" and trials["t0002"]["status"] == "kept"
-    assert len(executor.calls) == len(set(executor.calls)) == 6 + 2  # + the final test check
+    # 2 trials, 4 re-runs, 2 seed-bank runs, and the final test check of best and baseline
+    assert len(executor.calls) == len(set(executor.calls)) == 2 + 4 + 2 + 2
 
 
 def test_without_confirmation_budget_an_inconclusive_candidate_is_discarded(tmp_path: Path):

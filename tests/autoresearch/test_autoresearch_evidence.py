@@ -1,0 +1,94 @@
+"""Evidence a study decides on is fresh and honest: the seed bank runs beside the baseline, a
+crashed baseline is run again or fails the study, proposals outside the space are rejected, and
+the test split is read for the trials planned, once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autoresearch.rl.config import TrialConfig
+from autoresearch.study.confirmation import evidence_seeds
+from autoresearch.study.journal import Journal
+from autoresearch.study.proposers import Proposal, ProposalBatch
+from autoresearch.study.runner import run_study
+from autoresearch.study.spec import Study
+from tests.autoresearch.study_helpers import SyntheticExecutor
+
+SPACE = {"rl.adam.learning_rate": {"choices": [5e-5, 2e-4]}}
+
+
+def _better(config: TrialConfig) -> float:
+    return 0.7 if config.rl.adam.learning_rate == 2e-4 else 0.3
+
+
+def test_the_seed_bank_runs_the_base_config_on_the_studys_own_seeds(tmp_path: Path):
+    study = Study(name="bank", seed=7, search_space=SPACE,
+                  budget={"max_trials": 2, "confirm_seeds": 2, "max_confirm_trials": 4,
+                          "seed_bank": 3})
+    outcome = run_study(study, tmp_path, executor=SyntheticExecutor(_better, tasks=96))
+    journal = Journal(tmp_path, read_only=True)
+    trials = journal.trials()
+    bank = [t for t in trials if t["role"] == "bank"]
+    seeds = evidence_seeds(7, study.base_trial.seed, study.budget)
+    assert sorted(t["seed"] for t in bank) == sorted(seeds.bank) and len(bank) == 2
+    assert all(t["config_key"] == outcome.baseline["config_key"] for t in bank)
+    confirms = [t for t in trials if t["role"] == "confirm"]
+    assert {t["seed"] for t in confirms} == set(seeds.confirm)
+    final = journal.decisions()[-1]
+    assert final["verdict"] == "kept" and final["rule"] == "confirmation"
+    assert "3 seed-bank runs" in final["note"]
+    assert any(e["kind"] == "seed bank" for e in journal.events())
+    assert "Run-to-run noise (seed bank)" in outcome.report.read_text()
+
+
+def test_a_crashed_baseline_runs_again_and_a_second_crash_fails_the_study(tmp_path: Path):
+    study = Study(name="crash", search_space={"rl.adam.learning_rate": {"choices": [2e-4]}},
+                  budget={"max_trials": 2, "confirm_seeds": 0, "seed_bank": 0})
+    base_lr = study.base_trial.rl.adam.learning_rate
+    executor = SyntheticExecutor(_better, crash_if=lambda c: c.rl.adam.learning_rate == base_lr)
+    run_study(study, tmp_path, executor=executor)
+    journal = Journal(tmp_path, read_only=True)
+    baseline = next(t for t in journal.trials() if t["role"] == "baseline")
+    assert executor.calls.count(baseline["id"]) == 2
+    assert journal.study()["state"] == "failed"
+    assert journal.study()["best_trial"] is None
+    assert any("crashed 2 times" in e["message"] for e in journal.events())
+
+
+class _OutOfSpace:
+    """A proposer that proposes a seed (not in the space) and an out-of-range value."""
+
+    def propose(self, context, n: int) -> ProposalBatch:
+        return ProposalBatch("stub", "sampled", [
+            Proposal({"seed": 1}, "try the confirmation seed"),
+            Proposal({"rl.adam.learning_rate": 3.0}, "far too high")])
+
+
+def test_proposals_outside_the_search_space_are_rejected_with_a_reason(tmp_path: Path):
+    study = Study(name="space", search_space=SPACE,
+                  budget={"max_trials": 3, "confirm_seeds": 0, "seed_bank": 0})
+    run_study(study, tmp_path, executor=SyntheticExecutor(_better), proposer=_OutOfSpace())
+    journal = Journal(tmp_path, read_only=True)
+    assert [t["role"] for t in journal.trials()] == ["baseline"]
+    rejected = [e for e in journal.events() if "outside the search space" in e["message"]]
+    assert len(rejected) >= 2
+    assert "seed: not in the search space" in rejected[0]["message"]
+
+
+def test_a_resume_never_reads_the_test_split_for_a_new_best(tmp_path: Path):
+    study = Study(name="once", search_space=SPACE,
+                  budget={"max_trials": 2, "confirm_seeds": 0, "seed_bank": 0})
+    executor = SyntheticExecutor(_better, tasks=32)
+    run_study(study, tmp_path, executor=executor)
+    tested = [c for c in executor.calls if c.endswith("-test")]
+    plan = [e for e in Journal(tmp_path, read_only=True).events() if e["kind"] == "test plan"]
+    assert len(plan) == 1 and [f"{t}-test" for t in plan[0]["data"]["trials"]] == tested
+    # A changed declaration could make another trial the best; the split was read already.
+    journal = Journal(tmp_path)
+    other = next(t["id"] for t in journal.trials() if t["id"] not in plan[0]["data"]["trials"])
+    journal.set_study(best_trial=other)
+    del journal
+    run_study(study, tmp_path, executor=executor)
+    assert [c for c in executor.calls if c.endswith("-test")] == tested
+    events = Journal(tmp_path, read_only=True).events()
+    assert any("not read again" in e["message"] for e in events)
