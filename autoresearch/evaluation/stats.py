@@ -251,6 +251,16 @@ class RunTest:
         return {"run_difference": self.difference, "run_sd": self.run_sd, "run_df": self.df,
                 "run_p_value": self.p_value}
 
+    def interval(self, alpha: float = 0.05) -> Estimate:
+        """The difference with its two-sided 1 - alpha Student t interval: over runs, so it
+        holds the luck of each run as well as the draws of its answers."""
+        if self.df <= 0 or not math.isfinite(self.run_sd):
+            return Estimate(self.difference, -1.0, 1.0, sum(self.runs))
+        half = (float(student_t.ppf(1 - alpha / 2, self.df)) * self.run_sd
+                * math.sqrt(1 / self.runs[0] + 1 / self.runs[1]))
+        return Estimate(self.difference, max(-1.0, self.difference - half),
+                        min(1.0, self.difference + half), sum(self.runs))
+
 
 def run_accuracies(runs: Sequence[Outcomes], tasks: Sequence[str]) -> np.ndarray:
     """Each run's accuracy on `tasks`."""

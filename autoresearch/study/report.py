@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from autoresearch.evaluation.stats import Estimate, paired_difference
+from autoresearch.evaluation.stats import Estimate, paired_difference, pooled_run_test
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.progress import describe, where
 from autoresearch.study.decision_text import decision_text
@@ -83,8 +83,79 @@ def _changes(row: dict[str, Any]) -> str:
     return ", ".join(f"{k}={_fmt(v)}" for k, v in changes.items()) or "(base config)"
 
 
-def _seed_bank_blocks(trials: list[dict[str, Any]]) -> list[Block]:
-    """The base config's runs on several seeds: how much one run's dev score moves by luck."""
+def _test_arms(trials: list[dict[str, Any]], best: dict[str, Any],
+               baseline: dict[str, Any] | None) -> tuple[list, list] | None:
+    """Test verdicts of the runs read for each arm: the best config's and the base config's
+    (None when the best is the baseline or nothing was read)."""
+    if baseline is None or best["id"] == baseline["id"]:
+        return None
+
+    def arm(key: str) -> list:
+        return [t["test"]["verdicts"] for t in trials if t["config_key"] == key
+                and (t.get("test") or {}).get("verdicts")]
+
+    kept, base = arm(best["config_key"]), arm(baseline["config_key"])
+    return (kept, base) if kept and base else None
+
+
+def _mean_acc(runs: list) -> str:
+    scores = [sum(r.values()) / len(r) for r in runs if r]
+    return f"{statistics.mean(scores):.3f} (mean of {len(scores)} runs)" if scores else "-"
+
+
+def _against_warmup_blocks(trials: list[dict[str, Any]],
+                           best: dict[str, Any] | None) -> list[Block]:
+    """Every scored trial against the warm-up checkpoint it forked from: did RL help at all?"""
+    row = next((t for t in trials if t["role"] == "warmup"), None)
+    if row is None or not (row.get("dev") or {}).get("verdicts"):
+        return []
+    warm = row["dev"]["verdicts"]
+    rows, worse, better = [], [], []
+    for t in trials:
+        if t["role"] not in ("baseline", "explore") or not t.get("dev"):
+            continue
+        x, y = paired_items(t["dev"]["verdicts"], warm)
+        if not x:
+            continue
+        gain = paired_difference(x, y)
+        word = ("worse beyond noise" if gain.high < 0 else
+                "better beyond noise" if gain.low > 0 else "not different beyond noise")
+        (worse if gain.high < 0 else better if gain.low > 0 else []).append(t["id"])
+        rows.append([t["id"], t["status"], _acc(t), _diff(gain), word])
+    if not rows:
+        return []
+    summary = (f"RL made the model worse than the warm-up it started from, beyond noise, in "
+               f"{len(worse)} of {len(rows)} trials ({', '.join(worse)}). " if worse else "")
+    if better:
+        summary += f"RL beat the warm-up beyond noise in {', '.join(better)}. "
+    if best is not None and best["id"] in worse:
+        summary += ("The best config is worse than stopping after the warm-up: this study's "
+                    "RL did not pay for itself.")
+    elif best is not None and best["id"] not in better:
+        summary += ("The best config is not better than the warm-up beyond noise: RL's gain, "
+                    "if any, is not shown.")
+    return [Block("h2", "Against the warm-up"), Block("p", (
+        "Each trial's dev score minus the warm-up checkpoint's (the weights every trial starts "
+        "from), paired per task, 95% CI. " + summary).strip()),
+        Block("table", headers=["trial", "status", "dev accuracy", "vs warm-up", "reading"],
+              rows=rows)]
+
+
+def detectable_gain(run_sd: float, df: int, seeds: int, alpha: float,
+                    power: float = 0.8) -> float | None:
+    """The smallest true gain a confirmation with `seeds` re-runs a side finds with `power`,
+    given the run-to-run SD and its degrees of freedom (one-sided t at `alpha`)."""
+    if df <= 0 or seeds <= 0 or alpha <= 0:
+        return None
+    from scipy.stats import t as student_t
+
+    return float((student_t.ppf(1 - alpha, df) + student_t.ppf(power, df))
+                 * run_sd * (2 / seeds) ** 0.5)
+
+
+def _seed_bank_blocks(trials: list[dict[str, Any]], budget: dict[str, Any]) -> list[Block]:
+    """The base config's runs on several seeds: how much one run's dev score moves by luck,
+    and the smallest gain a confirmation can find against it."""
     bank = [t for t in trials if t["role"] in ("baseline", "bank")
             and t.get("dev_accuracy") is not None]
     if len([t for t in trials if t["role"] == "bank"]) == 0:
@@ -93,11 +164,21 @@ def _seed_bank_blocks(trials: list[dict[str, Any]]) -> list[Block]:
     spread = (f"run-to-run SD {statistics.stdev(scores):.3f} ({len(scores) - 1} df)"
               if len(scores) > 1 else "no spread yet (fewer than two finished runs)")
     runs = ", ".join(f"{t['id']} seed {t['seed']}: {float(t['dev_accuracy']):.3f}" for t in bank)
+    power = ""
+    if len(scores) > 1:
+        rule = KeepRule(ErrorBudget.for_study(budget["alpha"], budget["confirm_seeds"],
+                                              budget["max_confirm_trials"]))
+        gain = detectable_gain(statistics.stdev(scores), len(scores) - 1,
+                               budget["confirm_seeds"], rule.budget.per_confirmation)
+        if gain is not None:
+            power = (f" With {budget['confirm_seeds']} re-run(s) a side at alpha "
+                     f"{rule.budget.per_confirmation:.4g}, a confirmation finds a true dev gain "
+                     f"of about {gain:.3f} with 80% power (from the bank alone; the re-runs add "
+                     "degrees of freedom); smaller gains are mostly missed.")
     return [Block("h2", "Run-to-run noise (seed bank)"), Block("p", (
         f"The base config on {len(bank)} seeds scored {runs} on dev: {spread}. A confirmation "
         "keeps a change only if it is ahead both per task and per run, with runs as the unit "
-        "and this spread pooled with the re-runs' own; a gain smaller than about twice this SD "
-        "cannot be confirmed with a few seeds."))]
+        "and this spread pooled with the re-runs' own." + power))]
 
 
 def build(journal: Journal) -> list[Block]:
@@ -126,7 +207,8 @@ def build(journal: Journal) -> list[Block]:
         f"{sum(t['wall_seconds'] or 0 for t in trials):.0f} trial-seconds.")))
 
     blocks += _warmup_blocks(journal, trials)
-    blocks += _seed_bank_blocks(trials)
+    blocks += _against_warmup_blocks(trials, best)
+    blocks += _seed_bank_blocks(trials, budget)
 
     blocks.append(Block("h2", "Result"))
     unfinished_study = study["state"] != "finished"
@@ -142,8 +224,12 @@ def build(journal: Journal) -> list[Block]:
         blocks.append(Block("p", "No trial finished: there is no best config yet."))
     else:
         dev_gain = _paired(best, baseline, "dev")
-        test_gain = _paired(best, baseline, "test")
         same = baseline is not None and best["id"] == baseline["id"]
+        arms = _test_arms(trials, best, baseline)
+        runs_test = (pooled_run_test(*arms) if arms and min(map(len, arms)) > 1
+                     and len(arms[0]) + len(arms[1]) > 2 else None)
+        test_gain = runs_test.interval() if runs_test is not None else _paired(
+            best, baseline, "test")
         if unfinished_study:
             headline = (f"Best so far: {best['id']} ({_changes(best)}); no verdict on the study "
                         "until it finishes.")
@@ -152,18 +238,34 @@ def build(journal: Journal) -> list[Block]:
                         "stays the best." if same else
                         f"Best config: {best['id']} ({_changes(best)}).")
         blocks.append(Block("p", headline))
-        rows = [["dev", _acc(baseline), _acc(best), "-" if same else _diff(dev_gain)],
-                ["test", _acc(baseline, "test"), _acc(best, "test"),
-                 "-" if same else _diff(test_gain)]]
+        test_row = (["test (runs)", _mean_acc(arms[1]), _mean_acc(arms[0]),
+                     _diff(test_gain) + " over runs"] if runs_test is not None else
+                    ["test", _acc(baseline, "test"), _acc(best, "test"),
+                     "-" if same else _diff(test_gain)])
+        rows = [["dev", _acc(baseline), _acc(best), "-" if same else _diff(dev_gain)], test_row]
         blocks.append(Block("table", headers=[
             "split", f"baseline {baseline['id'] if baseline else ''}", f"best {best['id']}",
             "best - baseline (paired, 95% CI)"], rows=rows))
         if not same and test_gain is not None and not unfinished_study:
             verdict = ("improves" if test_gain.low > 0 else "hurts" if test_gain.high < 0
                        else "does not measurably change")
-            blocks.append(Block("p", f"On the held-out test split the best config {verdict} "
-                                f"execution accuracy relative to the baseline "
-                                f"({_diff(test_gain)}, n={test_gain.n})."))
+            if runs_test is not None:
+                half = (test_gain.high - test_gain.low) / 2
+                blocks.append(Block("p", (
+                    f"On the held-out test split, read once for {len(arms[0])} independent "
+                    f"runs of the best config (its confirmation re-runs, not the look that "
+                    f"selected it) and {len(arms[1])} of the base config, the best config "
+                    f"{verdict} execution accuracy relative to the baseline "
+                    f"({_diff(test_gain)}, a 95% interval over runs, so it holds each run's "
+                    f"luck as well as the draws of its answers; run-to-run SD "
+                    f"{runs_test.run_sd:.3f}, {runs_test.df} df). This check cannot tell "
+                    f"apart changes smaller than about {half:.3f}.")))
+            else:
+                blocks.append(Block("p", f"On the held-out test split the best config "
+                                    f"{verdict} execution accuracy relative to the baseline "
+                                    f"({_diff(test_gain)}, n={test_gain.n}; one run each, so "
+                                    "the interval holds the draws of the answers but not the "
+                                    "luck of the runs)."))
         spec_cfg = TrialConfig.model_validate(spec["base_trial"])
         # trials of a study read dev only; shown as a standalone trial would run it
         shown = {"eval.test_tasks": spec_cfg.eval.test_tasks,

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoresearch.evaluation.stats import paired_difference
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.progress import ProgressCallback, ProgressTracker, describe
 from autoresearch.rl.record import TrialRecord
@@ -56,7 +57,7 @@ from autoresearch.study.control import (
     TrialStopped,
 )
 from autoresearch.study.decision_text import decision_text
-from autoresearch.study.decisions import keep_rule_for
+from autoresearch.study.decisions import keep_rule_for, paired_items
 from autoresearch.study.executors.base import Executor, TrialJob
 from autoresearch.study.executors.local import LocalExecutor
 from autoresearch.study.journal import Journal
@@ -65,7 +66,11 @@ from autoresearch.study.pruning import StudyPruning, TrialPruned, intermediate_s
 from autoresearch.study.space import config_diff, config_key
 from autoresearch.study.spec import Study
 from autoresearch.study.tracing import Tracer
-from autoresearch.study.warmup import WarmupFailed, WarmupStage, remote_checkpoint_exists
+from autoresearch.study.warmup import (
+    WarmupFailed,
+    WarmupStage,
+    remote_checkpoint_exists,
+)
 
 log = logging.getLogger(__name__)
 
@@ -634,9 +639,9 @@ class StudyRunner:
 
     # ---------------------------------------------------------- final test
     def _final_test(self, executor: Executor) -> None:
-        """Read the test split once: the final best and the base config (baseline trial), each
-        evaluated from its checkpoint on the same test tasks. A resumed study reads it only for
-        a contender whose test result is not journaled yet."""
+        """Read the test split once, for the runs `test_arms` names (the kept config's fresh
+        re-runs and the base config's runs), each evaluated from its checkpoint on the same
+        test tasks. A resumed study only finishes that read."""
         tasks = self.study.base_trial.eval.test_tasks
         best_id = self.journal.study()["best_trial"]
         if not tasks or best_id is None:
@@ -652,13 +657,9 @@ class StudyRunner:
                                f"is not read again for {best_id}")
             contenders = [self.journal.trial(i) for i in ids]
         else:
-            baseline = next((t for t in trials if t["role"] == "baseline"), None)
-            contenders = [self.journal.trial(best_id)]
-            if (baseline is not None and baseline["id"] != best_id
-                    and baseline.get("checkpoint")):
-                contenders.append(baseline)
+            contenders = test_arms(trials, best_id)
             self.journal.event("test plan", "the test split is read once, for "
-                               + " and ".join(c["id"] for c in contenders),
+                               + ", ".join(c["id"] for c in contenders),
                                trials=[c["id"] for c in contenders])
         for row in contenders:
             if row.get("test") or not row.get("checkpoint"):
@@ -752,14 +753,26 @@ class StudyRunner:
                            f"the first look; confirming on fresh seeds {rerun.seeds}",
                            candidate["id"], queued=[r["id"] for r in rows])
 
+    def _against_warmup(self, trial: dict[str, Any]) -> dict[str, Any] | None:
+        """The trial's dev score minus the warm-up checkpoint's it started from, paired per
+        task (None without a scored warm-up): whether RL helped at all."""
+        warm = next((t for t in self.journal.trials() if t["role"] == "warmup"), None)
+        if warm is None or not (warm.get("dev") or {}).get("verdicts") or not trial.get("dev"):
+            return None
+        x, y = paired_items(trial["dev"]["verdicts"], warm["dev"]["verdicts"])
+        return paired_difference(x, y).as_dict() if x else None
+
     def _record(self, candidate: dict[str, Any], incumbent: dict[str, Any] | None, rule: str,
                 comparison: Any, verdict: str, note: str, runs: Any = None) -> None:
         diff = comparison.as_dict() if comparison is not None else {}
         if runs is not None:
             diff.update(runs.as_dict())
+        against_warmup = self._against_warmup(candidate)
         alpha = self.rule.budget.per_confirmation if rule == "confirmation" else None
         decision = {"verdict": verdict, "rule": rule, "against": incumbent and incumbent["id"],
                     **diff, "alpha": alpha, "note": note}
+        if against_warmup is not None:
+            decision["vs_warmup"] = against_warmup
         decision["conclusion"] = conclusion = decision_text(decision)
         self.journal.add_decision(
             {"candidate": candidate["id"], "incumbent": incumbent and incumbent["id"],
@@ -771,6 +784,31 @@ class StudyRunner:
             {candidate["id"]: {"status": verdict, "decision": decision}},
             best_trial=candidate["id"] if verdict == "kept" else None)
         log.info("decision on %s: %s", candidate["id"], conclusion)
+
+
+def test_arms(trials: list[dict[str, Any]], best_id: str) -> list[dict[str, Any]]:
+    """The runs the test split is read for: several independent runs per arm where the study
+    has them. The kept config's arm is its confirmation re-runs (never the first look that
+    selected it: that look is biased upward); the base config's arm is the baseline and every
+    other run of its config (seed bank, re-runs). With nothing kept, the best is the baseline
+    and its arm alone is read."""
+    by_id = {t["id"]: t for t in trials}
+    best = by_id[best_id]
+    baseline = next((t for t in trials if t["role"] == "baseline"), None)
+
+    def finished(t: dict[str, Any]) -> bool:
+        return t["status"] in FINISHED and bool(t.get("checkpoint"))
+
+    def runs_of(key: str, roles: tuple[str, ...]) -> list[dict[str, Any]]:
+        return [t for t in trials if t["config_key"] == key and t["role"] in roles
+                and finished(t)]
+
+    if baseline is None or best_id == baseline["id"]:
+        return [best]
+    kept = runs_of(best["config_key"], ("confirm",)) or [best]
+    base = [t for t in [baseline] if finished(t)] + runs_of(baseline["config_key"],
+                                                             ("bank", "confirm"))
+    return kept + base
 
 
 def dev_only(config: TrialConfig) -> TrialConfig:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from autoresearch.rl.config import TrialConfig
 from autoresearch.study.confirmation import evidence_seeds
 from autoresearch.study.journal import Journal
@@ -38,7 +40,18 @@ def test_the_seed_bank_runs_the_base_config_on_the_studys_own_seeds(tmp_path: Pa
     assert final["verdict"] == "kept" and final["rule"] == "confirmation"
     assert "3 seed-bank runs" in final["note"]
     assert any(e["kind"] == "seed bank" for e in journal.events())
-    assert "Run-to-run noise (seed bank)" in outcome.report.read_text()
+    report = outcome.report.read_text()
+    assert "Run-to-run noise (seed bank)" in report
+    assert "finds a true dev gain of about" in report and "with 80% power" in report
+
+
+def test_the_detectable_gain_grows_with_run_luck_and_shrinks_with_seeds():
+    from autoresearch.study.report import detectable_gain
+
+    small, large = detectable_gain(0.02, 4, 2, 0.05), detectable_gain(0.04, 4, 2, 0.05)
+    assert large == pytest.approx(2 * small)
+    assert detectable_gain(0.02, 4, 8, 0.05) == pytest.approx(small / 2)
+    assert detectable_gain(0.02, 0, 2, 0.05) is None
 
 
 def test_a_crashed_baseline_runs_again_and_a_second_crash_fails_the_study(tmp_path: Path):

@@ -147,11 +147,20 @@ def test_trials_read_dev_only_and_the_study_reads_test_once_for_best_and_baselin
     journal = Journal(tmp_path, read_only=True)
     trials = journal.trials()
     assert all(t["config"]["eval"]["test_tasks"] == 0 for t in trials)
-    with_test = sorted(t["id"] for t in trials if t["test"] is not None)
-    assert with_test == sorted([outcome.best["id"], outcome.baseline["id"]])
-    assert [c for c in executor.calls if c.endswith("-test")] == [
-        f"{outcome.best['id']}-test", f"{outcome.baseline['id']}-test"]
-    assert outcome.best["test_n"] == 96
+    best, baseline = outcome.best, outcome.baseline
+    # Several runs per arm: the kept config's fresh re-runs (not the look that selected it),
+    # and the base config's runs (the baseline, its re-runs and its seed bank).
+    kept_arm = {t["id"] for t in trials if t["config_key"] == best["config_key"]
+                and t["role"] == "confirm"}
+    base_arm = {t["id"] for t in trials if t["config_key"] == baseline["config_key"]}
+    with_test = {t["id"] for t in trials if t["test"] is not None}
+    assert with_test == kept_arm | base_arm and len(kept_arm) == 2 and len(base_arm) == 5
+    assert best["id"] not in with_test
+    tested = [c for c in executor.calls if c.endswith("-test")]
+    assert sorted(tested) == sorted(f"{i}-test" for i in with_test)
+    report = outcome.report.read_text()
+    assert "read once for 2 independent runs of the best config" in report
+    assert "a 95% interval over runs" in report
     # A resumed (already finished) study does not read the test split again.
     run_study(study, tmp_path, executor=executor)
-    assert len([c for c in executor.calls if c.endswith("-test")]) == 2
+    assert len([c for c in executor.calls if c.endswith("-test")]) == len(tested)

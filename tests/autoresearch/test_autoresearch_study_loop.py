@@ -78,8 +78,9 @@ def test_a_promising_candidate_is_re_run_with_new_seeds_before_it_is_kept(tmp_pa
     assert decision["seeds"] == 2 and decision["n"] == 64
     assert decision["p_value"] <= decision["alpha"] == 0.05  # one confirmation fits the budget
     assert outcome.best["id"] == "t0002" and trials["t0002"]["status"] == "kept"
-    # 2 trials, 4 re-runs, 2 seed-bank runs, and the final test check of best and baseline
-    assert len(executor.calls) == len(set(executor.calls)) == 2 + 4 + 2 + 2
+    # 2 trials, 4 re-runs, 2 seed-bank runs, and the test split read for each arm's runs: the
+    # kept config's 2 re-runs, the base config's baseline, 2 re-runs and 2 bank runs
+    assert len(executor.calls) == len(set(executor.calls)) == 2 + 4 + 2 + (2 + 5)
 
 
 def test_without_confirmation_budget_an_inconclusive_candidate_is_discarded(tmp_path: Path):

@@ -174,3 +174,17 @@ def test_remote_checkpoint_exists_asks_the_server_itself(sql_server, sql_model_d
     assert not remote_checkpoint_exists(sql_server.url, "tml-warmup-owner",
                                         saved.replace("/warm", "/never-saved"))
     assert not remote_checkpoint_exists(sql_server.url, "tml-someone-else", saved)
+
+
+def test_every_trial_is_compared_with_the_warmup_and_the_report_says_when_rl_made_it_worse(
+        tmp_path: Path):
+    # The warm-up's weights answer 60% of dev; every RL trial forked from them answers 20%.
+    executor = SyntheticExecutor(lambda c: 0.6 if c.rl.steps == 0 else 0.2, tasks=96)
+    outcome = run_study(_study("worse", tmp_path / "cache"), tmp_path / "a", executor=executor)
+    journal = Journal(tmp_path / "a", read_only=True)
+    decided = [t for t in journal.trials() if t["decision"]]
+    assert decided and all(t["decision"]["vs_warmup"]["high"] < 0 for t in decided)
+    report = outcome.report.read_text()
+    assert "## Against the warm-up" in report
+    assert f"worse than the warm-up it started from, beyond noise, in {len(decided)} of" in report
+    assert "The best config is worse than stopping after the warm-up" in report
