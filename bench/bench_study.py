@@ -111,6 +111,12 @@ WEAK = {
 }
 
 
+NULL_SPACE = {"seed": {"choices": list(range(100, 1100))},
+              "rl.max_train_tokens": {"choices": [NO_OP["rl.max_train_tokens"]]}}
+"""What the null control's proposals change, declared in its search space (a study rejects a
+proposal outside its space)."""
+
+
 class NullProposer:
     """Proposes the base config again, each time under a new seed (plus a no-op change)."""
 
@@ -138,8 +144,8 @@ def _base_trial(design: dict[str, Any], weak: str | None) -> dict[str, Any]:
 
 def make_study(name: str, design: dict[str, Any], weak: str, cache: Path, proposer: str,
                seed: int, model: str | None, healthy: bool = False,
-               trials: Path | None = None) -> Study:
-    space = WEAK[weak][1]
+               trials: Path | None = None, extra_space: dict[str, Any] | None = None) -> Study:
+    space = {**WEAK[weak][1], **(extra_space or {})}
     base = _base_trial(design, None if healthy else weak)
     if model is not None:  # another embedded model: the trials must name it
         base.update(base_model=model, tokenizer=model)
@@ -247,7 +253,8 @@ def main() -> int:
         # The null control re-proposes the healthy base: seed noise on a model that works.
         study = make_study(name, design, args.weak, cache, kind, args.seed, args.model,
                            healthy=name == "null",
-                           trials=None if args.no_trial_cache else root / "trials")
+                           trials=None if args.no_trial_cache else root / "trials",
+                           extra_space=NULL_SPACE if name == "null" else None)
         if name == "null":
             study = study.model_copy(update={"budget": study.budget.model_copy(
                 update={"max_trials": 1 + design["null_trials"]})})

@@ -379,6 +379,18 @@ def build(journal: Journal) -> list[Block]:
     if outcomes:
         blocks.append(Block("p", "Proposals: " + ", ".join(
             f"{n} {o}" for o, n in sorted(outcomes.items())) + "."))
+    environments = list(dict.fromkeys(e["message"] for e in journal.events()
+                                      if e["kind"] == "environment"))
+    if environments:
+        blocks.append(Block("h2", "Environment"))
+        blocks.append(Block("p", (
+            "The same seeds give the same numbers only in the same environment: another CPU "
+            "or instruction set, thread count, dtype or package version changes the kernels' "
+            "order of summation and with it the low bits. "
+            + ("This study ran in one environment." if len(environments) == 1 else
+               f"This study ran in {len(environments)} environments (it was resumed "
+               "elsewhere): its numbers mix them."))))
+        blocks.append(Block("list", items=environments))
     return blocks
 
 

@@ -58,6 +58,7 @@ from autoresearch.study.control import (
 )
 from autoresearch.study.decision_text import decision_text
 from autoresearch.study.decisions import keep_rule_for, paired_items
+from autoresearch.study.environment import environment_text, fingerprint
 from autoresearch.study.executors.base import Executor, TrialJob
 from autoresearch.study.executors.local import LocalExecutor
 from autoresearch.study.journal import Journal
@@ -153,6 +154,7 @@ class StudyRunner:
         self._replay_pruning()
         try:
             with self._executor_for_study() as given:
+                self._journal_environment(given)
                 executor = self._controlled(given)
                 try:
                     self._warm_up(executor)
@@ -175,6 +177,12 @@ class StudyRunner:
         self.journal.event("study", "study finished")
         report = write_report(self.dir)
         return self.outcome(report)
+
+    def _journal_environment(self, executor: Executor) -> None:
+        """Record what the numbers depend on besides the declaration (`environment`)."""
+        url = getattr(executor, "server_url", None) or self.study.resolved_server_url()
+        facts = fingerprint(url, _api_key())
+        self.journal.event("environment", environment_text(facts), **facts)
 
     def _warm_up(self, executor: Executor) -> None:
         """Run (or reuse) the declared warm-up; every trial then starts from its checkpoint."""

@@ -15,6 +15,7 @@ import duckdb
 import pytest
 
 from autoresearch.rl.record import TrialRecord
+from autoresearch.study.journal import Journal
 from autoresearch.study.runner import StudyOutcome, resume_study
 from autoresearch.study.spec import Study
 from tests.autoresearch.study_helpers import tiny_trial
@@ -120,3 +121,14 @@ def test_every_trial_is_journaled_with_scores_cost_and_decision(resumed: StudyOu
     assert "Keep rule:" in report
     for trial_id, *_ in trials:
         assert trial_id in report
+
+
+def test_each_run_of_the_study_journals_the_environment_with_the_servers_dtype(
+        resumed: StudyOutcome):
+    events = [e for e in Journal(resumed.directory, read_only=True).events()
+              if e["kind"] == "environment"]
+    assert len(events) == 2  # the killed run and its resume, on this machine
+    server = events[0]["data"]["server"]
+    assert server["dtype"] in ("float32", "bfloat16") and server["dtype_reason"]
+    assert events[0]["message"] == events[1]["message"]
+    assert "This study ran in one environment." in resumed.report.read_text()
