@@ -42,3 +42,24 @@ def test_equal_configs_keep_the_baseline():
     kept = [bench.new_study(bench.World(np.random.default_rng(seed), 96, -1.0, [0.0] * 4), 3,
                             STUDY) for seed in range(20)]
     assert sum(k != 0 for k in kept) <= 2
+
+
+def _seed_bank_bench():
+    path = BENCH.with_name("bench_seed_bank.py")
+    spec = importlib.util.spec_from_file_location("bench_seed_bank", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bank_pseudo_studies_use_each_run_once_and_find_a_large_spiked_effect():
+    bench = _seed_bank_bench()
+    rng = np.random.default_rng(1)
+    runs = [{f"dev-{i:02d}": bool(rng.random() < 0.2) for i in range(48)} for _ in range(12)]
+    world = bench.BankWorld(np.random.default_rng(0), runs)
+    served = [world.run(c, s) for c, s in [(0, 0), (1, 0), (0, 1), (1, 1)]]
+    assert len({id(r) for r in served}) == 4 and world.run(0, 0) is served[0]
+    false_keeps, n = bench.pseudo_studies(runs, 100, 3, 0.0, True, seed=0)
+    assert n == 100 and false_keeps <= 10
+    found, _ = bench.pseudo_studies(runs, 100, 3, 0.5, True, seed=0)
+    assert found >= 80
