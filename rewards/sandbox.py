@@ -65,6 +65,8 @@ class Database:
 
     key: str
     tables: frozenset[str]
+    columns: dict[str, frozenset[str]] = field(default_factory=dict, compare=False)
+    """Each table's (and view's) column names, lower case: what schema linking checks against."""
 
 
 def _locking_statements(limits: SandboxLimits, native_time_limit: bool) -> list[str]:
@@ -156,9 +158,15 @@ class Sandbox:
             "UNION SELECT view_name FROM duckdb_views() WHERE schema_name = $1",
             [key],
         ).fetchall()
+        columns: dict[str, set[str]] = {}
+        for table, column in connection.execute(
+                "SELECT table_name, column_name FROM duckdb_columns() WHERE schema_name = $1",
+                [key]).fetchall():
+            columns.setdefault(table.lower(), set()).add(column.lower())
         cursor = connection.cursor()  # its own session: search_path set once, no switching
         cursor.execute(f"SET search_path = '{key}'")
-        database = Database(key, frozenset(name for (name,) in names))
+        database = Database(key, frozenset(name for (name,) in names),
+                            {table: frozenset(cols) for table, cols in columns.items()})
         self._databases[key] = database
         self._cursors[key] = cursor
         cap = self.limits.memory_limit_mb * 1024 * 1024 * self.limits.cache_memory_fraction

@@ -20,6 +20,7 @@ from rewards.components import Components
 from rewards.config import RewardConfig
 from rewards.extract import extract
 from rewards.sandbox import UNSAFE, Database, Outcome, QueryResult, Sandbox, SandboxBroken
+from rewards.schema_linking import schema_credit
 from rewards.sqlinfo import has_top_level_order_by
 from rewards.task import Task
 
@@ -169,6 +170,8 @@ class Scorer:
             columns=columns,
             rows=rows,
             length=length_credit(sql, task.gold_sql, config.length_budget) if executes else 0.0,
+            schema=(schema_credit(sql, task.gold_sql, prepared[0][0].columns)
+                    if config.weights.schema > 0 and prepared else 0.0),
         )
         return ScoreResult(
             components.total(config.weights), components, correct, str(outcome),

@@ -48,9 +48,14 @@ def test_a_task_is_built_from_three_strings():
 def test_the_gold_itself_is_correct_with_every_component_full(pool, task):
     result = pool.score(f"```sql\n{GOLD}\n```", task)
     assert result.correct and result.outcome == "ok"
-    assert result.components.as_dict() == dict.fromkeys(result.components.as_dict(), 1.0)
     assert result.total == pytest.approx(1.1)
     assert result.instances == result.matched == 2
+    # Schema linking is computed only when weighted; weighted, it is full too.
+    weighted = pool.score(f"```sql\n{GOLD}\n```", task,
+                          RewardConfig(weights=RewardWeights(schema=1.0)))
+    assert weighted.components.as_dict() == dict.fromkeys(result.components.as_dict(), 1.0)
+    assert {k: v for k, v in result.components.as_dict().items() if k != "schema"} == \
+        {k: v for k, v in weighted.components.as_dict().items() if k != "schema"}
 
 
 def test_a_lucky_match_on_one_copy_is_not_correct(pool, task):
