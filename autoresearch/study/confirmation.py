@@ -1,5 +1,6 @@
 """How a study applies its keep rule to its trials: which finished candidate is judged next,
-against which incumbent, which fresh-seed re-runs that needs, and the verdict.
+against which incumbent, which fresh-seed re-runs that needs, the verdict, and which runs the
+test split is finally read for.
 
 This is the decision logic alone, on the journal's trial rows (plain dicts), with no journal,
 executor or clock: the runner carries out what `next_decision` asks for (queue re-runs, record
@@ -19,6 +20,8 @@ from autoresearch.study.decisions import KeepRule, Verdicts
 
 ACTIVE = ("queued", "running")
 """Trial statuses that may still produce a result."""
+FINISHED = ("done", "kept", "discarded", "pruned")
+"""Trial statuses of a trial that ran to its end (or was stopped by the pruner)."""
 EVIDENCE_ROLES = ("bank", "confirm")
 """Runs made to measure noise or confirm a finding: they must be fresh, never a replay of
 another study's run unless the study says so."""
@@ -226,3 +229,28 @@ def replicates(candidate: Trial, incumbent: Trial, trials: Sequence[Trial], budg
             candidate_runs.append(a["dev"]["verdicts"])
             incumbent_runs.append(b["dev"]["verdicts"])
     return candidate_runs, incumbent_runs
+
+
+def test_arms(trials: list[dict[str, Any]], best_id: str) -> list[dict[str, Any]]:
+    """The runs the test split is read for: several independent runs per arm where the study
+    has them. The kept config's arm is its confirmation re-runs (never the first look that
+    selected it: that look is biased upward); the base config's arm is the baseline and every
+    other run of its config (seed bank, re-runs). With nothing kept, the best is the baseline
+    and only it is read: there is no change to check."""
+    by_id = {t["id"]: t for t in trials}
+    best = by_id[best_id]
+    baseline = next((t for t in trials if t["role"] == "baseline"), None)
+
+    def finished(t: dict[str, Any]) -> bool:
+        return t["status"] in FINISHED and bool(t.get("checkpoint"))
+
+    def runs_of(key: str, roles: tuple[str, ...]) -> list[dict[str, Any]]:
+        return [t for t in trials if t["config_key"] == key and t["role"] in roles
+                and finished(t)]
+
+    if baseline is None or best_id == baseline["id"]:
+        return [best]
+    kept = runs_of(best["config_key"], ("confirm",)) or [best]
+    base = [t for t in [baseline] if finished(t)] + runs_of(baseline["config_key"],
+                                                             ("bank", "confirm"))
+    return kept + base

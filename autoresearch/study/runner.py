@@ -49,6 +49,7 @@ from autoresearch.study.confirmation import (
     Wait,
     evidence_seeds,
     next_decision,
+    test_arms,
 )
 from autoresearch.study.control import (
     ControlledExecutor,
@@ -75,7 +76,6 @@ from autoresearch.study.warmup import (
 
 log = logging.getLogger(__name__)
 
-FINISHED = ("done", "kept", "discarded", "pruned")
 _IN_PROCESS: dict[Path, threading.Lock] = {}
 _IN_PROCESS_GUARD = threading.Lock()
 
@@ -792,31 +792,6 @@ class StudyRunner:
             {candidate["id"]: {"status": verdict, "decision": decision}},
             best_trial=candidate["id"] if verdict == "kept" else None)
         log.info("decision on %s: %s", candidate["id"], conclusion)
-
-
-def test_arms(trials: list[dict[str, Any]], best_id: str) -> list[dict[str, Any]]:
-    """The runs the test split is read for: several independent runs per arm where the study
-    has them. The kept config's arm is its confirmation re-runs (never the first look that
-    selected it: that look is biased upward); the base config's arm is the baseline and every
-    other run of its config (seed bank, re-runs). With nothing kept, the best is the baseline
-    and its arm alone is read."""
-    by_id = {t["id"]: t for t in trials}
-    best = by_id[best_id]
-    baseline = next((t for t in trials if t["role"] == "baseline"), None)
-
-    def finished(t: dict[str, Any]) -> bool:
-        return t["status"] in FINISHED and bool(t.get("checkpoint"))
-
-    def runs_of(key: str, roles: tuple[str, ...]) -> list[dict[str, Any]]:
-        return [t for t in trials if t["config_key"] == key and t["role"] in roles
-                and finished(t)]
-
-    if baseline is None or best_id == baseline["id"]:
-        return [best]
-    kept = runs_of(best["config_key"], ("confirm",)) or [best]
-    base = [t for t in [baseline] if finished(t)] + runs_of(baseline["config_key"],
-                                                             ("bank", "confirm"))
-    return kept + base
 
 
 def dev_only(config: TrialConfig) -> TrialConfig:
