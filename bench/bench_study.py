@@ -13,10 +13,11 @@ study runs on its own embedded server (the packaged Gemma 3 270M on CPU), one af
     study sees a new candidate). Nothing may be kept.
 (c) TPE vs random search (`pos-random`): the positive-control study again, proposed by random
     search on the same budget. Reported: each study's best dev gain over the base, and the
-    paired test difference of the two bests, with 95% intervals. The trials it shares with (a)
-    (the same config under the same seed: the baseline, the seeded start-up samples, their
-    confirmation re-runs, their test checks) are replayed from the run's trial cache, not
-    trained again (`--no-trial-cache` trains them).
+    paired test difference of the two bests, with 95% intervals. The exploration trials it
+    shares with (a) (the same config under the same seed: the baseline, the seeded start-up
+    samples) are replayed from the run's trial cache, not trained again (`--no-trial-cache`
+    trains them); confirmation re-runs, seed-bank runs and test checks are evidence and always
+    run fresh.
 
 Decisions are the studies' own (dev split only, their keep rule, pruning on a fixed dev subset).
 The test split is read once per study, by its final check of the best config against the base.
