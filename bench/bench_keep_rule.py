@@ -192,8 +192,7 @@ def old_study(world: World, candidates: int, study: Study) -> int:
 
 
 # ---------------------------------------------------------------- the bench
-RULES = (("old", lambda w, c, s: old_study(w, c, s)), ("tasks", task_level_study),
-         ("new", new_study))
+RULES = (("old", old_study), ("tasks", task_level_study), ("new", new_study))
 
 
 def simulate(tasks: int, effect: float, studies: int, candidates: int, base: float,

@@ -33,7 +33,6 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,14 +78,6 @@ def disk_mb(root: Path) -> float:
         except FileNotFoundError:  # deleted while we walked
             pass
     return total / 2**20
-
-
-def metric(url: str, name: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=10).text
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return float("nan")
 
 
 @dataclass
@@ -140,6 +131,7 @@ def rl_steps(url: str, base_model: str, steps: int, seed: int, soak: Soak, args)
 def soak_once(args, model_dir: Path, label: str, server_flags: list[str]) -> dict[str, float]:
     from server.entrypoints.runtime import free_port
     from tools.processes import ServiceProcess, server_command, without_api_keys
+    from tools.scrape import sample_value
 
     data_dir = Path(tempfile.mkdtemp(prefix="soak-data-"))
     port = free_port()
@@ -175,7 +167,8 @@ def soak_once(args, model_dir: Path, label: str, server_flags: list[str]) -> dic
                 reported = step - step % REPORT_EVERY if step < args.steps else step
                 rss, disk = rss_mb(server.pid), disk_mb(data_dir)
                 figures[reported] = (rss, disk)
-                freed = metric(url, "autoresearch_freed_snapshots_total")
+                freed = sample_value(url, "autoresearch_freed_snapshots_total")
+                freed = float("nan") if freed is None else freed
                 rows.append((str(reported), f"{time.monotonic() - started:.0f}", f"{rss:.0f}",
                              f"{disk:.1f}", f"{freed:.0f}", str(errors), str(side)))
                 print("  " + "  ".join(rows[-1]), flush=True)

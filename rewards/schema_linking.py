@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 import sqlglot
 from sqlglot import exp
@@ -42,8 +43,10 @@ class References:
     """Names the query defines itself: CTEs, table and select aliases."""
 
 
+@lru_cache(maxsize=4096)
 def references(sql: str) -> References | None:
-    """The tables, columns and join pairs `sql` names (lower case); None if it does not parse."""
+    """The tables, columns and join pairs `sql` names (lower case); None if it does not parse.
+    Cached: a task's gold query is parsed once per worker, not once per prediction."""
     try:
         tree = sqlglot.parse_one(sql, read="duckdb")
     except (sqlglot.errors.ParseError, sqlglot.errors.TokenError, ValueError):

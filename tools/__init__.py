@@ -6,7 +6,8 @@ server supports and regenerates `docs/tinker-compatibility.md`:
     python -m tools.compat_report --out docs/tinker-compatibility.md
 
 `processes` starts, waits for and stops the child processes (servers, workers, JupyterLab) that
-the tests and benchmarks need, with the one `wait_until` polling loop.
+the tests and benchmarks need, with the one `wait_until` polling loop. `scrape` reads a running
+server's Prometheus metrics over HTTP.
 
 May import `server` (to start one in process); only tests and benchmarks import `tools`.
 """

@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import tinker
 
 from tools.compat_probes import PROBES, UNSUPPORTED, Call, Workspace, family
+from tools.scrape import scrape
 
 log = logging.getLogger(__name__)
 
@@ -169,19 +169,10 @@ def run_report(url: str, api_key: str = DEFAULT_API_KEY, timeout: float = 120.0,
 def server_requests(url: str) -> int | None:
     """API requests the server has received so far, background routes left out; None when the
     server does not expose `autoresearch_api_requests_total`."""
-    try:
-        text = httpx.get(url.rstrip("/") + "/metrics", timeout=10).raise_for_status().text
-    except httpx.HTTPError:
+    counted = [s for s in scrape(url) or [] if s.name == "autoresearch_api_requests_total"]
+    if not counted:
         return None
-    total, found = 0, False
-    for line in text.splitlines():
-        if not line.startswith("autoresearch_api_requests_total{"):
-            continue
-        found = True
-        labels, value = line.rsplit(" ", 1)
-        if not any(f'route="{route}"' in labels for route in BACKGROUND_ROUTES):
-            total += int(float(value))
-    return total if found else None
+    return int(sum(s.value for s in counted if s.labels.get("route") not in BACKGROUND_ROUTES))
 
 
 def classify(ws: Workspace, client: str, cls: type, method: str, timeout: float,

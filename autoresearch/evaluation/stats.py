@@ -295,3 +295,13 @@ def pooled_run_test(candidate: Sequence[Outcomes], incumbent: Sequence[Outcomes]
     else:
         p = float(student_t.sf(difference / scale, df))
     return RunTest(difference, sd, df, p, (len(candidate), len(incumbent)))
+
+
+def detectable_gain(run_sd: float, df: int, seeds: int, alpha: float,
+                    power: float = 0.8) -> float | None:
+    """The smallest true gain a run-level comparison of `seeds` runs a side finds with
+    `power`, given the run-to-run SD and its degrees of freedom (one-sided t at `alpha`)."""
+    if df <= 0 or seeds <= 0 or alpha <= 0:
+        return None
+    return float((student_t.ppf(1 - alpha, df) + student_t.ppf(power, df))
+                 * run_sd * (2 / seeds) ** 0.5)

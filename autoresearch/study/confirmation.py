@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from autoresearch.evaluation.stats import RunTest
-from autoresearch.study.decisions import KeepRule, Verdicts
+from autoresearch.evaluation.stats import Estimate, RunTest, paired_difference
+from autoresearch.study.decisions import KeepRule, Verdicts, paired_items
 
 ACTIVE = ("queued", "running")
 """Trial statuses that may still produce a result."""
@@ -231,26 +231,35 @@ def replicates(candidate: Trial, incumbent: Trial, trials: Sequence[Trial], budg
     return candidate_runs, incumbent_runs
 
 
-def test_arms(trials: list[dict[str, Any]], best_id: str) -> list[dict[str, Any]]:
-    """The runs the test split is read for: several independent runs per arm where the study
-    has them. The kept config's arm is its confirmation re-runs (never the first look that
-    selected it: that look is biased upward); the base config's arm is the baseline and every
-    other run of its config (seed bank, re-runs). With nothing kept, the best is the baseline
-    and only it is read: there is no change to check."""
-    by_id = {t["id"]: t for t in trials}
-    best = by_id[best_id]
+def test_arms(trials: Sequence[Trial], best_id: str) -> tuple[list[Trial], list[Trial]]:
+    """The runs the test split is read for, as (best config's arm, base config's arm): several
+    independent runs per arm where the study has them. The kept config's arm is its
+    confirmation re-runs (never the first look that selected it: that look is biased upward);
+    the base config's arm is the baseline and every other run of its config (seed bank,
+    re-runs). With nothing kept, the best is the baseline and only it is read (the base arm is
+    empty): there is no change to check."""
+    best = next(t for t in trials if t["id"] == best_id)
     baseline = next((t for t in trials if t["role"] == "baseline"), None)
 
-    def finished(t: dict[str, Any]) -> bool:
+    def finished(t: Trial) -> bool:
         return t["status"] in FINISHED and bool(t.get("checkpoint"))
 
-    def runs_of(key: str, roles: tuple[str, ...]) -> list[dict[str, Any]]:
+    def runs_of(key: str, roles: tuple[str, ...]) -> list[Trial]:
         return [t for t in trials if t["config_key"] == key and t["role"] in roles
                 and finished(t)]
 
     if baseline is None or best_id == baseline["id"]:
-        return [best]
+        return [best], []
     kept = runs_of(best["config_key"], ("confirm",)) or [best]
     base = [t for t in [baseline] if finished(t)] + runs_of(baseline["config_key"],
                                                              ("bank", "confirm"))
-    return kept + base
+    return kept, base
+
+
+def against_warmup(trial: Trial, warmup: Trial | None) -> Estimate | None:
+    """The trial's dev score minus the warm-up checkpoint's it started from, paired per task
+    (None without a scored warm-up or a scored trial): whether RL helped at all."""
+    if warmup is None or not (warmup.get("dev") or {}).get("verdicts") or not trial.get("dev"):
+        return None
+    x, y = paired_items(trial["dev"]["verdicts"], warmup["dev"]["verdicts"])
+    return paired_difference(x, y) if x else None

@@ -14,9 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from autoresearch.evaluation.stats import Estimate, paired_difference, pooled_run_test
+from autoresearch.evaluation.stats import (
+    Estimate,
+    detectable_gain,
+    paired_difference,
+    pooled_run_test,
+)
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.progress import describe, where
+from autoresearch.study.confirmation import against_warmup, test_arms
 from autoresearch.study.decision_text import decision_text
 from autoresearch.study.decisions import ErrorBudget, KeepRule, paired_items
 from autoresearch.study.journal import Journal
@@ -83,18 +89,13 @@ def _changes(row: dict[str, Any]) -> str:
     return ", ".join(f"{k}={_fmt(v)}" for k, v in changes.items()) or "(base config)"
 
 
-def _test_arms(trials: list[dict[str, Any]], best: dict[str, Any],
-               baseline: dict[str, Any] | None) -> tuple[list, list] | None:
-    """Test verdicts of the runs read for each arm: the best config's and the base config's
-    (None when the best is the baseline or nothing was read)."""
-    if baseline is None or best["id"] == baseline["id"]:
-        return None
-
-    def arm(key: str) -> list:
-        return [t["test"]["verdicts"] for t in trials if t["config_key"] == key
-                and (t.get("test") or {}).get("verdicts")]
-
-    kept, base = arm(best["config_key"]), arm(baseline["config_key"])
+def _test_verdicts(trials: list[dict[str, Any]], best: dict[str, Any]) -> tuple[list, list] | None:
+    """Test verdicts of the runs read for each arm (`confirmation.test_arms`): the best
+    config's and the base config's; None when the best is the baseline or an arm was not
+    read."""
+    kept, base = (
+        [t["test"]["verdicts"] for t in arm if (t.get("test") or {}).get("verdicts")]
+        for arm in test_arms(trials, best["id"]))
     return (kept, base) if kept and base else None
 
 
@@ -107,17 +108,15 @@ def _against_warmup_blocks(trials: list[dict[str, Any]],
                            best: dict[str, Any] | None) -> list[Block]:
     """Every scored trial against the warm-up checkpoint it forked from: did RL help at all?"""
     row = next((t for t in trials if t["role"] == "warmup"), None)
-    if row is None or not (row.get("dev") or {}).get("verdicts"):
+    if row is None:
         return []
-    warm = row["dev"]["verdicts"]
     rows, worse, better = [], [], []
     for t in trials:
-        if t["role"] not in ("baseline", "explore") or not t.get("dev"):
+        if t["role"] not in ("baseline", "explore"):
             continue
-        x, y = paired_items(t["dev"]["verdicts"], warm)
-        if not x:
+        gain = against_warmup(t, row)
+        if gain is None:
             continue
-        gain = paired_difference(x, y)
         word = ("worse beyond noise" if gain.high < 0 else
                 "better beyond noise" if gain.low > 0 else "not different beyond noise")
         (worse if gain.high < 0 else better if gain.low > 0 else []).append(t["id"])
@@ -141,18 +140,6 @@ def _against_warmup_blocks(trials: list[dict[str, Any]],
               rows=rows)]
 
 
-def detectable_gain(run_sd: float, df: int, seeds: int, alpha: float,
-                    power: float = 0.8) -> float | None:
-    """The smallest true gain a confirmation with `seeds` re-runs a side finds with `power`,
-    given the run-to-run SD and its degrees of freedom (one-sided t at `alpha`)."""
-    if df <= 0 or seeds <= 0 or alpha <= 0:
-        return None
-    from scipy.stats import t as student_t
-
-    return float((student_t.ppf(1 - alpha, df) + student_t.ppf(power, df))
-                 * run_sd * (2 / seeds) ** 0.5)
-
-
 def _seed_bank_blocks(trials: list[dict[str, Any]], budget: dict[str, Any]) -> list[Block]:
     """The base config's runs on several seeds: how much one run's dev score moves by luck,
     and the smallest gain a confirmation can find against it."""
@@ -161,15 +148,16 @@ def _seed_bank_blocks(trials: list[dict[str, Any]], budget: dict[str, Any]) -> l
     if len([t for t in trials if t["role"] == "bank"]) == 0:
         return []
     scores = [float(t["dev_accuracy"]) for t in bank]
-    spread = (f"run-to-run SD {statistics.stdev(scores):.3f} ({len(scores) - 1} df)"
-              if len(scores) > 1 else "no spread yet (fewer than two finished runs)")
+    sd = statistics.stdev(scores) if len(scores) > 1 else None
+    spread = (f"run-to-run SD {sd:.3f} ({len(scores) - 1} df)" if sd is not None
+              else "no spread yet (fewer than two finished runs)")
     runs = ", ".join(f"{t['id']} seed {t['seed']}: {float(t['dev_accuracy']):.3f}" for t in bank)
     power = ""
-    if len(scores) > 1:
+    if sd is not None:
         rule = KeepRule(ErrorBudget.for_study(budget["alpha"], budget["confirm_seeds"],
                                               budget["max_confirm_trials"]))
-        gain = detectable_gain(statistics.stdev(scores), len(scores) - 1,
-                               budget["confirm_seeds"], rule.budget.per_confirmation)
+        gain = detectable_gain(sd, len(scores) - 1, budget["confirm_seeds"],
+                               rule.budget.per_confirmation)
         if gain is not None:
             power = (f" With {budget['confirm_seeds']} re-run(s) a side at alpha "
                      f"{rule.budget.per_confirmation:.4g}, a confirmation finds a true dev gain "
@@ -225,9 +213,8 @@ def build(journal: Journal) -> list[Block]:
     else:
         dev_gain = _paired(best, baseline, "dev")
         same = baseline is not None and best["id"] == baseline["id"]
-        arms = _test_arms(trials, best, baseline)
-        runs_test = (pooled_run_test(*arms) if arms and min(map(len, arms)) > 1
-                     and len(arms[0]) + len(arms[1]) > 2 else None)
+        arms = _test_verdicts(trials, best)
+        runs_test = pooled_run_test(*arms) if arms and min(map(len, arms)) > 1 else None
         test_gain = runs_test.interval() if runs_test is not None else _paired(
             best, baseline, "test")
         if unfinished_study:

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autoresearch.evaluation.stats import paired_difference
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.progress import ProgressCallback, ProgressTracker, describe
 from autoresearch.rl.record import TrialRecord
@@ -47,6 +46,7 @@ from autoresearch.study.confirmation import (
     RetryBaseline,
     StudyFailed,
     Wait,
+    against_warmup,
     evidence_seeds,
     next_decision,
     test_arms,
@@ -58,7 +58,7 @@ from autoresearch.study.control import (
     TrialStopped,
 )
 from autoresearch.study.decision_text import decision_text
-from autoresearch.study.decisions import keep_rule_for, paired_items
+from autoresearch.study.decisions import keep_rule_for
 from autoresearch.study.environment import environment_text, fingerprint
 from autoresearch.study.executors.base import Executor, TrialJob
 from autoresearch.study.executors.local import LocalExecutor
@@ -69,6 +69,7 @@ from autoresearch.study.space import config_diff, config_key
 from autoresearch.study.spec import Study
 from autoresearch.study.tracing import Tracer
 from autoresearch.study.warmup import (
+    WARMUP_ID,
     WarmupFailed,
     WarmupStage,
     remote_checkpoint_exists,
@@ -328,6 +329,9 @@ class StudyRunner:
     def _loop(self, executor: Executor, evidence: Executor) -> None:
         """Run trials until the budget is spent: exploration on `executor`, seed-bank and
         confirmation runs on `evidence` (the same, or one that never replays a cached run)."""
+        def executor_for(row: dict[str, Any]) -> Executor:
+            return evidence if row["role"] in EVIDENCE_ROLES else executor
+
         parallel = self.study.executor.max_parallel_trials
         pending: dict[Future, str] = {}
         threads = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="trial")
@@ -341,13 +345,11 @@ class StudyRunner:
                     if len(pending) >= parallel:
                         break
                     if row["id"] not in pending.values():
-                        runner = evidence if row["role"] in EVIDENCE_ROLES else executor
-                        pending[self._dispatch(row, runner, threads)] = row["id"]
+                        pending[self._dispatch(row, executor_for(row), threads)] = row["id"]
                 free = parallel - len(pending)
                 if free > 0:
                     for row in self._new_trials(free):
-                        runner = evidence if row["role"] in EVIDENCE_ROLES else executor
-                        pending[self._dispatch(row, runner, threads)] = row["id"]
+                        pending[self._dispatch(row, executor_for(row), threads)] = row["id"]
                 if not pending:
                     break
                 done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
@@ -665,7 +667,8 @@ class StudyRunner:
                                f"is not read again for {best_id}")
             contenders = [self.journal.trial(i) for i in ids]
         else:
-            contenders = test_arms(trials, best_id)
+            kept, base = test_arms(trials, best_id)
+            contenders = kept + base
             self.journal.event("test plan", "the test split is read once, for "
                                + ", ".join(c["id"] for c in contenders),
                                trials=[c["id"] for c in contenders])
@@ -723,9 +726,9 @@ class StudyRunner:
         its spread is the run-to-run noise every confirmation is judged against. Queued with
         the first confirmation (a study that confirms nothing spends nothing on it). Returns
         the next trial number."""
-        baseline = next(t for t in self.journal.trials() if t["role"] == "baseline")
         if not seeds:
             return number
+        baseline = next(t for t in self.journal.trials() if t["role"] == "baseline")
         base = self.space.base
         rows = []
         for seed in seeds:
@@ -761,26 +764,18 @@ class StudyRunner:
                            f"the first look; confirming on fresh seeds {rerun.seeds}",
                            candidate["id"], queued=[r["id"] for r in rows])
 
-    def _against_warmup(self, trial: dict[str, Any]) -> dict[str, Any] | None:
-        """The trial's dev score minus the warm-up checkpoint's it started from, paired per
-        task (None without a scored warm-up): whether RL helped at all."""
-        warm = next((t for t in self.journal.trials() if t["role"] == "warmup"), None)
-        if warm is None or not (warm.get("dev") or {}).get("verdicts") or not trial.get("dev"):
-            return None
-        x, y = paired_items(trial["dev"]["verdicts"], warm["dev"]["verdicts"])
-        return paired_difference(x, y).as_dict() if x else None
-
     def _record(self, candidate: dict[str, Any], incumbent: dict[str, Any] | None, rule: str,
                 comparison: Any, verdict: str, note: str, runs: Any = None) -> None:
         diff = comparison.as_dict() if comparison is not None else {}
         if runs is not None:
             diff.update(runs.as_dict())
-        against_warmup = self._against_warmup(candidate)
+        warmup = next(iter(self.journal.trials("id = ?", [WARMUP_ID])), None)
+        vs_warmup = against_warmup(candidate, warmup)
         alpha = self.rule.budget.per_confirmation if rule == "confirmation" else None
         decision = {"verdict": verdict, "rule": rule, "against": incumbent and incumbent["id"],
                     **diff, "alpha": alpha, "note": note}
-        if against_warmup is not None:
-            decision["vs_warmup"] = against_warmup
+        if vs_warmup is not None:
+            decision["vs_warmup"] = vs_warmup.as_dict()
         decision["conclusion"] = conclusion = decision_text(decision)
         self.journal.add_decision(
             {"candidate": candidate["id"], "incumbent": incumbent and incumbent["id"],

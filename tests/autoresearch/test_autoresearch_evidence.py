@@ -46,7 +46,7 @@ def test_the_seed_bank_runs_the_base_config_on_the_studys_own_seeds(tmp_path: Pa
 
 
 def test_the_detectable_gain_grows_with_run_luck_and_shrinks_with_seeds():
-    from autoresearch.study.report import detectable_gain
+    from autoresearch.evaluation.stats import detectable_gain
 
     small, large = detectable_gain(0.02, 4, 2, 0.05), detectable_gain(0.04, 4, 2, 0.05)
     assert large == pytest.approx(2 * small)
