@@ -40,7 +40,7 @@ class Components:
     length: float = component(0.0)
     """For SQL that runs: 1 within the length budget relative to the gold, falling linearly to
     0 at twice it."""
-    schema: float = component(0.0)
+    schema_linking: float = component(0.0)
     """Schema linking (`rewards.schema_linking`): real tables and columns named, the gold's
     tables and joins chosen; graded even when the query fails. Computed only when weighted
     (it parses both queries), so it reads 0 at weight 0."""

@@ -170,8 +170,8 @@ class Scorer:
             columns=columns,
             rows=rows,
             length=length_credit(sql, task.gold_sql, config.length_budget) if executes else 0.0,
-            schema=(schema_credit(sql, task.gold_sql, prepared[0][0].columns)
-                    if config.weights.schema > 0 and prepared else 0.0),
+            schema_linking=(schema_credit(sql, task.gold_sql, prepared[0][0].columns)
+                    if config.weights.schema_linking > 0 and prepared else 0.0),
         )
         return ScoreResult(
             components.total(config.weights), components, correct, str(outcome),

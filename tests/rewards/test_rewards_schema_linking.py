@@ -44,13 +44,13 @@ def test_names_the_query_defines_are_not_checked_against_the_schema():
 
 def test_the_pool_computes_it_only_when_weighted_and_grades_a_failing_query():
     task = Task(setup_sql=SETUP, question="Total spent per customer?", gold_sql=GOLD)
-    weighted = RewardConfig(weights=RewardWeights(schema=1.0), extract=False)
+    weighted = RewardConfig(weights=RewardWeights(schema_linking=1.0), extract=False)
     wrong_column = ("SELECT c.name, SUM(o.total) FROM customers c JOIN orders o "
                     "ON o.customer_id = c.id GROUP BY c.name")
     with RewardPool(workers=1, limits=SandboxLimits(timeout_s=2.0)) as pool:
         right = pool.score(GOLD, task, weighted)
         failing = pool.score(wrong_column, task, weighted)
         unweighted = pool.score(GOLD, task, RewardConfig(extract=False))
-    assert right.correct and right.components.schema == 1.0
-    assert failing.outcome == "error" and 0.5 < failing.components.schema < 1.0
-    assert unweighted.components.schema == 0.0 and unweighted.total == pytest.approx(1.1)
+    assert right.correct and right.components.schema_linking == 1.0
+    assert failing.outcome == "error" and 0.5 < failing.components.schema_linking < 1.0
+    assert unweighted.components.schema_linking == 0.0 and unweighted.total == pytest.approx(1.1)

@@ -52,10 +52,10 @@ def test_the_gold_itself_is_correct_with_every_component_full(pool, task):
     assert result.instances == result.matched == 2
     # Schema linking is computed only when weighted; weighted, it is full too.
     weighted = pool.score(f"```sql\n{GOLD}\n```", task,
-                          RewardConfig(weights=RewardWeights(schema=1.0)))
+                          RewardConfig(weights=RewardWeights(schema_linking=1.0)))
     assert weighted.components.as_dict() == dict.fromkeys(result.components.as_dict(), 1.0)
-    assert {k: v for k, v in result.components.as_dict().items() if k != "schema"} == \
-        {k: v for k, v in weighted.components.as_dict().items() if k != "schema"}
+    assert {k: v for k, v in result.components.as_dict().items() if k != "schema_linking"} == \
+        {k: v for k, v in weighted.components.as_dict().items() if k != "schema_linking"}
 
 
 def test_a_lucky_match_on_one_copy_is_not_correct(pool, task):
