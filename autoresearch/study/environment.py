@@ -61,8 +61,9 @@ def server_facts(url: str, api_key: str) -> dict[str, Any]:
         model = (answer.json().get("supported_models") or [{}])[0]
     except (httpx.HTTPError, ValueError):
         return {}
-    return {k: model[k] for k in ("model_name", "dtype", "dtype_reason", "base_model_origin")
-            if k in model}
+    keys = ("model_name", "dtype", "dtype_reason", "base_model_origin", "batch_invariant",
+            "threads")
+    return {k: model[k] for k in keys if k in model}
 
 
 def fingerprint(server_url: str | None = None, api_key: str = "") -> dict[str, Any]:
@@ -88,5 +89,6 @@ def environment_text(facts: dict[str, Any]) -> str:
              f"torch threads {facts.get('torch_threads')}"]
     if server:
         parts.append(f"server model {server.get('model_name')} in {server.get('dtype')} "
-                     f"({server.get('dtype_reason')})")
+                     f"({server.get('dtype_reason')}), {server.get('threads')} threads, "
+                     f"batch-invariant: {server.get('batch_invariant')}")
     return "; ".join(parts) + f". Packages: {packages}."

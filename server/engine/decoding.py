@@ -66,6 +66,8 @@ class RowParams:
     some row samples (temperature > 0), the largest top-k, some row has top-p < 1."""
     k_max: int
     nucleus: bool
+    greedy: bool
+    """Some row is greedy (temperature 0)."""
 
     def select(self, index: torch.Tensor) -> RowParams:
         return RowParams(
@@ -76,6 +78,7 @@ class RowParams:
             self.sampled,
             self.k_max,
             self.nucleus,
+            self.greedy,
         )
 
 
@@ -95,6 +98,7 @@ def row_params(
         any(sampled),
         max((k for k, s in zip(top_ks, sampled) if s and k > 0), default=0),
         any(p < 1.0 for p, s in zip(top_ps, sampled) if s),
+        not all(sampled),
     )
 
 
@@ -114,15 +118,16 @@ def choose(
     `processed_logprobs` reports it: the q an importance ratio needs, equal across backends.
 
     Over a 262k vocabulary every pass over `[rows, vocabulary]` costs about as much as a tenth of
-    the output head's matmul, so the common case (no top-p) makes four: scale, max with argmax,
-    exp, block sums. Top-k uses `topk`; only a top-p < 1 sorts.
+    the output head's matmul, so the common case (no top-p) makes five: scale, max with argmax,
+    exp, block sums, and the fused log-softmax the logprob is read from (the trainer's kernel,
+    so the two agree to the bit). Top-k uses `topk`; only a top-p < 1 sorts.
     """
     vocab = logits.shape[-1]
     greedy = params.temperature <= 0
     if not params.sampled:
         plain = logits.float()
-        best, picks = plain.max(-1)
-        return picks, best - torch.logsumexp(plain, -1)
+        picks = plain.argmax(-1)
+        return picks, _logprob(plain, picks)
     scale = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
     filtered = torch.div(logits, scale[:, None].to(logits.device))  # float32 out of bf16 in
     if params.k_max > 0:
@@ -141,15 +146,21 @@ def choose(
         )
     best, argmax = filtered.max(-1)
     weights = torch.exp(filtered - best[:, None])
-    drawn, total = _inverse_cdf(weights, uniforms(params.keys, step).to(weights.device))
+    drawn, _ = _inverse_cdf(weights, uniforms(params.keys, step).to(weights.device))
     picks = torch.where(greedy, argmax, drawn)
-    picked = filtered.gather(-1, picks[:, None])[:, 0]
-    picked_lp = picked - best - torch.log(total)
-    if params.k_max > 0 or params.nucleus:  # a greedy row's own logprob is unfiltered
-        plain = logits.float()
-        plain_lp = plain.gather(-1, picks[:, None])[:, 0] - torch.logsumexp(plain, -1)
-        picked_lp = torch.where(greedy, plain_lp, picked_lp)
+    picked_lp = _logprob(filtered, picks)
+    if params.greedy:
+        # A greedy row's logprob is unfiltered, and computed as in an all-greedy batch, so it
+        # does not depend on whether rows that sample share its batch.
+        picked_lp = torch.where(greedy, _logprob(logits.float(), picks), picked_lp)
     return picks, picked_lp
+
+
+def _logprob(values: torch.Tensor, picks: torch.Tensor) -> torch.Tensor:
+    """Each row's pick under `log_softmax(values)`: the trainer's own formula (a row-wise kernel
+    whose bits do not depend on the row count), so at temperature 1 without top-k or top-p the
+    trainer gives a sampled token the sampler's logprob bit for bit."""
+    return torch.log_softmax(values, -1).gather(-1, picks[:, None])[:, 0]
 
 
 def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -58,6 +58,7 @@ __all__ = [
 
 SHARE_PREFIXES_ENV = "AUTORESEARCH_SHARE_PREFIXES"
 DEVICE_SAMPLING_ENV = "AUTORESEARCH_DEVICE_SAMPLING"
+BATCH_INVARIANT_ENV = "AUTORESEARCH_BATCH_INVARIANT"
 
 
 class Engine(Training, PackedTraining, Sampling, HeadScoring):
@@ -69,6 +70,7 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
         max_context: int | None = None,
         share_prefixes: bool | None = None,
         device_sampling: bool | None = None,
+        batch_invariant: bool | None = None,
     ):
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -113,6 +115,12 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
             and self._layer_types <= {"sliding_attention", "full_attention"}
             and packed_attention.install(self.model)
         )
+        if batch_invariant is None:
+            batch_invariant = os.environ.get(BATCH_INVARIANT_ENV, "1") != "0"
+        self.batch_invariant = batch_invariant and self._can_pack
+        """A run's numbers do not depend on what shares its batches (see `invariance`): each
+        training job and each request's prefill runs on its own, decoding stays fused. Needs
+        the packed attention hook (Gemma 3's layer types); other models run fused."""
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()

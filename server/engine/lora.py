@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from server.engine import invariance
+
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 UNEMBED_MODULES = ("lm_head",)
@@ -184,11 +186,10 @@ class MultiLoRALinear(nn.Module):
 
         A half-precision base layer under fp32 activations (`model_loading.low_precision_
         matmuls`) multiplies `x` cast down and gives its output back in `x`'s dtype."""
-        weight = self.base.weight
+        weight, bias = self.base.weight, self.base.bias
         if x.dtype == weight.dtype:
-            out = self.base(x)
+            out = invariance.linear(x, weight, bias)
         else:
-            bias = self.base.bias
             out = F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
         plan = _ROUTING.get()
         if plan is None or not plan.routed:
@@ -234,6 +235,9 @@ class MultiLoRALinear(nn.Module):
         """`scale * B(A(x))` for these rows in the adapter's dtype (float32), scaling the rank-r
         intermediate rather than the (possibly vocabulary-wide) output."""
         a, b = adapter.a[self.name], adapter.b[self.name]
+        if invariance.rows_are_invariant():
+            low = invariance.tiled_matmul(x.to(a.dtype), a.T) * adapter.spec.scale
+            return invariance.tiled_matmul(low, b.T)
         return ((x.to(a.dtype) @ a.T) * adapter.spec.scale) @ b.T
 
 

@@ -9,8 +9,9 @@ only the key columns some of its queries may see (the prompt and the continuatio
 covers), so memory grows linearly with the row and the masked-out pairs between different
 continuations are never computed.
 
-The engine passes a `PackedLayout` per layer type as the model's `attention_mask`; the model's
-own attention function (SDPA or eager) still serves every other call, such as decoding.
+The engine passes a `PackedLayout` per layer type as the model's `attention_mask` (or, when it
+is batch-invariant, an `invariant_attention.InvariantLayout` or `DecodeLayout`); the model's own
+attention function (SDPA or eager) still serves every other call, such as a fused decode step.
 """
 
 from __future__ import annotations
@@ -20,6 +21,13 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
+
+from server.engine.invariant_attention import (
+    DecodeLayout,
+    InvariantLayout,
+    decode_attention,
+    views_attention,
+)
 
 QUERY_CHUNK = 256
 """Queries per attention call in a packed row: `[rows, heads, chunk, keys]` scores at a time."""
@@ -122,6 +130,12 @@ def install(model: torch.nn.Module) -> bool:
         if isinstance(attention_mask, PackedLayout):
             scale = scaling if scaling is not None else module.head_dim**-0.5
             return packed_attention(query, key, value, attention_mask, scale), None
+        if isinstance(attention_mask, InvariantLayout):
+            scale = scaling if scaling is not None else module.head_dim**-0.5
+            return views_attention(query, key, value, attention_mask, scale), None
+        if isinstance(attention_mask, DecodeLayout):
+            scale = scaling if scaling is not None else module.head_dim**-0.5
+            return decode_attention(query, key, value, attention_mask, scale), None
         return fallback(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
 
     name = f"{IMPLEMENTATION}_{current}"

@@ -8,10 +8,13 @@ exactly what they see without sharing.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 
-from server.engine import losses, packed_attention, prefix_sharing
+from server.engine import invariant_attention, losses, packed_attention, prefix_sharing
+from server.engine.invariance import row_invariant
 from server.engine.jobs import ForwardBackwardJob
 from server.engine.lora import RowGroup, routing
 from server.engine.training import _pad, _routed_adapter, padded_batches
@@ -21,6 +24,8 @@ class PackedTraining:
     """Mixin of `Engine`: the shared-prefix twin of `Training._run_microbatch`."""
 
     tokens_per_microbatch: int
+    share_prefixes: bool
+    batch_invariant: bool
     _layer_types: set[str]
     _sliding_window: int | None
 
@@ -36,6 +41,8 @@ class PackedTraining:
             [jobs[j].data[i].tokens for j, i in rows],
             [(id(_routed_adapter(jobs[j])), jobs[j].forward_only) for j, _ in rows],
             row_tokens=min(prefix_sharing.ROW_TOKENS, self.tokens_per_microbatch),
+            # Invariance trains on packed rows even with sharing off, one datum per row.
+            min_shared=prefix_sharing.MIN_SHARED_TOKENS if self.share_prefixes else sys.maxsize,
         )
         lengths = [len(row.tokens) for row in packed]
         for part in padded_batches(packed, lengths, self.tokens_per_microbatch):
@@ -43,7 +50,7 @@ class PackedTraining:
 
     def _packed_inputs(
         self, packed: list[prefix_sharing.PackedRow]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, packed_attention.PackedLayout]]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, object]]:
         """Padded `[rows, width]` tokens, positions, real-position mask, and attention layouts."""
         width = max(len(r.tokens) for r in packed)
         tokens = torch.zeros((len(packed), width), dtype=torch.long)
@@ -56,6 +63,14 @@ class PackedTraining:
             segments[k, :n] = torch.from_numpy(row.segments)
             positions[k, n:] = torch.arange(width - n) + int(row.positions.max()) + 1
         real = segments >= 0
+        if self.batch_invariant:
+            views = invariant_attention.plan_views(segments, positions)
+            return tokens, positions, real, {
+                layer_type: invariant_attention.InvariantLayout(
+                    views, self._sliding_window if layer_type == prefix_sharing.SLIDING else None
+                )
+                for layer_type in self._layer_types
+            }
         segments, positions = segments.to(self.device), positions.to(self.device)
         layouts = {
             layer_type: packed_attention.PackedLayout(
@@ -68,6 +83,18 @@ class PackedTraining:
         return tokens, positions, real, layouts
 
     def _run_packed(
+        self,
+        jobs: list[ForwardBackwardJob],
+        rows: list[tuple[int, int]],
+        packed: list[prefix_sharing.PackedRow],
+        per_row_lp: dict[tuple[int, int], np.ndarray],
+        per_row_loss: dict[tuple[int, int], float],
+    ) -> None:
+        # Backward runs inside too: the head's checkpointed chunks recompute under the same rule.
+        with row_invariant(self.batch_invariant):
+            self._run_packed_rows(jobs, rows, packed, per_row_lp, per_row_loss)
+
+    def _run_packed_rows(
         self,
         jobs: list[ForwardBackwardJob],
         rows: list[tuple[int, int]],

@@ -15,7 +15,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from server.engine import decoding, host_decoding
+from server.engine import decoding, host_decoding, invariant_attention
+from server.engine.invariance import row_invariant
 from server.engine.jobs import ForwardBackwardJob, RunState, SampleJob, UserError
 from server.engine.lora import AdapterWeights, RowGroup, routing
 from server.engine.scoring import HEAD_CHUNK
@@ -43,7 +44,13 @@ class Sampling:
     eos_ids: set[int]
     share_prefixes: bool
     device_sampling: bool
+    batch_invariant: bool
     _can_pack: bool
+    _layer_types: set[str]
+    _sliding_window: int | None
+    _body: torch.nn.Module
+    _head: torch.nn.Module
+    _softcap: float | None
 
     # -------------------------------------------------------------- sampling
     def validate_sample(self, job: SampleJob) -> None:
@@ -145,6 +152,7 @@ class Sampling:
             if job.prompt_logprobs and not job.topk_prompt_logprobs and len(job.prompt) > 1
         ]
         if together and self.share_prefixes and self._can_pack:
+            # Invariant too when fused: packed rows then attend per view (`invariant_attention`).
             scored = self._shared_prompt_logprobs([jobs[j] for j in together])
             for j, values in zip(together, scored):
                 results[j].prompt_logprobs = values
@@ -238,22 +246,28 @@ class Sampling:
         done = [False] * rows
         live = list(range(rows))  # batch row k decodes original row live[k]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        # One prefill per request, not per sample: a request's rows share its prompt and
-        # adapter, so their caches start equal and are copied out after the prefill.
-        with routing([RowGroup(job.adapter, j, j + 1) for j, job in enumerate(jobs)]):
-            out = self.model(
-                input_ids=tokens,
-                attention_mask=mask,
-                position_ids=positions,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        cache = _cache_of(out)
         expand = torch.tensor(owners, device=self.device)
-        if rows != len(jobs):
-            cache.batch_select_indices(expand)
+        if self.batch_invariant:
+            cache, logits = self._prefill_aligned(jobs)
+            if rows != len(jobs):
+                cache.batch_select_indices(expand)
+            logits = logits[expand]
+        else:
+            # One prefill per request, not per sample: a request's rows share its prompt and
+            # adapter, so their caches start equal and are copied out after the prefill.
+            with routing([RowGroup(job.adapter, j, j + 1) for j, job in enumerate(jobs)]):
+                out = self.model(
+                    input_ids=tokens,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+            cache = _cache_of(out)
+            if rows != len(jobs):
+                cache.batch_select_indices(expand)
+            logits = out.logits[:, -1][expand]
         mask, positions = mask[expand], positions[expand]
-        logits = out.logits[:, -1][expand]
         step = 0
         while True:
             if on_host:
@@ -295,10 +309,14 @@ class Sampling:
                 [mask, torch.ones((len(live), 1), dtype=mask.dtype, device=self.device)], 1
             )
             positions = positions[:, -1:] + 1
-            with routing(_row_groups(jobs, owners, live)):
+            attention: object = mask
+            if self.batch_invariant:
+                cache.write_positions = positions
+                attention = self._decode_masks(positions)
+            with routing(_row_groups(jobs, owners, live)), row_invariant(self.batch_invariant):
                 out = self.model(
                     input_ids=picks[:, None],
-                    attention_mask=mask,
+                    attention_mask=attention,
                     position_ids=positions,
                     use_cache=True,
                     **{self._cache_kw: cache},
@@ -310,6 +328,50 @@ class Sampling:
         for r in range(rows):
             results[owners[r]].append(SampledSequence(out_tokens[r], out_lps[r], stopped[r]))
         return results
+
+    def _prefill_aligned(self, jobs: list[SampleJob]) -> tuple[object, torch.Tensor]:
+        """Every request's prompt in one forward, right-padded, into a `PositionCache`: each key
+        at its position's column, so a prompt's numbers do not depend on the others (padding
+        keys lie past every real query; decoding overwrites them before reading them).
+        Returns the cache (a row per request) and each request's last-position logits."""
+        config = self.model.config
+        width = max(len(job.prompt) for job in jobs)
+        capacity = max(len(job.prompt) + self._max_new(job) for job in jobs)
+        head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        cache = invariant_attention.PositionCache(
+            config.num_hidden_layers, len(jobs), config.num_key_value_heads, max(capacity, width),
+            head_dim, torch.float32, self.device,
+        )
+        pad_id = int(self.tokenizer.pad_token_id or 0)
+        tokens = torch.full((len(jobs), width), pad_id, dtype=torch.long)
+        for j, job in enumerate(jobs):
+            tokens[j, : len(job.prompt)] = torch.tensor(job.prompt)
+        positions = torch.arange(width, device=self.device).expand(len(jobs), width)
+        cache.write_positions = positions
+        groups = [RowGroup(job.adapter, j, j + 1) for j, job in enumerate(jobs)]
+        with routing(groups), row_invariant():
+            hidden = self._body(
+                input_ids=tokens.to(self.device),
+                attention_mask=self._decode_masks(positions),
+                position_ids=positions,
+                use_cache=True,
+                **{self._cache_kw: cache},
+            ).last_hidden_state
+            last = torch.tensor([len(job.prompt) - 1 for job in jobs], device=self.device)
+            # `[requests, 1, hidden]`, as a decode step's head sees its rows
+            logits = self._head(hidden[torch.arange(len(jobs)), last][:, None])[:, -1]
+        if self._softcap:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return cache, logits
+
+    def _decode_masks(self, positions: torch.Tensor) -> dict[str, object]:
+        """The invariant attention's layout per layer type: the queries' positions."""
+        return {
+            layer_type: invariant_attention.DecodeLayout(
+                positions, self._sliding_window if layer_type == "sliding_attention" else None
+            )
+            for layer_type in self._layer_types
+        }
 
     def _row_params(self, jobs: list[SampleJob]) -> decoding.RowParams:
         """Every row's sampling parameters and random key, on the device.

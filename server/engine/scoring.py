@@ -39,7 +39,8 @@ class HeadScoring:
         return torch.gather(self._vocab_logprobs(hidden, groups), -1, targets)
 
     def _vocab_logprobs(self, hidden: torch.Tensor, groups: list[RowGroup]) -> torch.Tensor:
-        """Log-softmax over the vocabulary of the (LoRA-routed, soft-capped) output head."""
+        """Log-softmax over the vocabulary of the (LoRA-routed, soft-capped) output head: the
+        formula `decoding.choose` reports a sampled token's logprob with."""
         with routing(groups):
             logits = self._head(hidden).float()
         if self._softcap:

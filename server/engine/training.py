@@ -45,6 +45,7 @@ class Training:
     max_context: int
     vocab_size: int
     share_prefixes: bool
+    batch_invariant: bool
     _can_pack: bool
 
     # ----------------------------------------------------------- validation
@@ -117,7 +118,8 @@ class Training:
         return real.bool()  # e.g. dro: its quadratic term is not masked by the advantages
 
     def forward_backward(self, jobs: list[ForwardBackwardJob]) -> list[ForwardBackwardResult]:
-        """Run several runs' forward_backward work as fused, padded micro-batches.
+        """Run several runs' forward_backward work as padded micro-batches, fused across jobs
+        unless the engine is batch-invariant.
 
         Rows of one job stay contiguous; micro-batches split only between jobs or between rows,
         so gradient accumulation gives each run exactly the gradient of its own loss sum.
@@ -128,12 +130,17 @@ class Training:
         ]
         per_row_lp: dict[tuple[int, int], np.ndarray] = {}
         per_row_loss: dict[tuple[int, int], float] = {}
-        if self.share_prefixes and self._can_pack:
-            self._forward_packed(jobs, rows, per_row_lp, per_row_loss)
-        else:
-            lengths = [len(jobs[j].data[i].tokens) for j, i in rows]
-            for chunk in padded_batches(rows, lengths, self.tokens_per_microbatch):
-                self._run_microbatch(jobs, chunk, per_row_lp, per_row_loss)
+        # Under invariance each job is computed on its own: its micro-batches, padding and
+        # packed rows are then set by its own data, never by the jobs it was batched with.
+        parts = [[r for r in rows if r[0] == j] for j in range(len(jobs))]
+        packed = self._can_pack and (self.share_prefixes or self.batch_invariant)
+        for part in parts if self.batch_invariant else [rows]:
+            if packed:
+                self._forward_packed(jobs, part, per_row_lp, per_row_loss)
+            else:
+                lengths = [len(jobs[j].data[i].tokens) for j, i in part]
+                for chunk in padded_batches(part, lengths, self.tokens_per_microbatch):
+                    self._run_microbatch(jobs, chunk, per_row_lp, per_row_loss)
         results = []
         for j, job in enumerate(jobs):
             outputs = [{"logprobs": per_row_lp[(j, i)]} for i in range(len(job.data))]

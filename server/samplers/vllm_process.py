@@ -13,6 +13,10 @@ The flags, and why each is needed:
 - `--served-model-name`: the name base-model requests use; the training server's model name.
 - `--generation-config vllm`: ignore the model's generation_config.json sampling defaults
   (Gemma's ship top_k=64, top_p=0.95); the sampler sends every parameter anyway.
+- env `VLLM_BATCH_INVARIANT=1` (unless `batch_invariant=False`): vLLM's batch-invariant
+  kernels, so a request's samples do not depend on what shares its batch, as on the torch
+  engine. vLLM documents it as beta, on NVIDIA GPUs of compute capability 8.0 or later; its
+  kernels are not the torch trainer's, so sampler and trainer agree closely, not bitwise.
 
 Adapters are read by the vLLM process from their published directories, so the adapter root
 must be on storage that both processes see (the same machine, or a shared volume mounted at the
@@ -37,6 +41,7 @@ log = logging.getLogger(__name__)
 
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 RUNTIME_LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"
 
 
 def serve_command(
@@ -54,6 +59,7 @@ def serve_command(
     gpu_memory_utilization: float | None = None,
     executable: str = "vllm",
     extra: Sequence[str] = (),
+    batch_invariant: bool = True,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and the extra environment of a `vllm serve` this backend can sample from."""
     if max_lora_rank not in LORA_RANKS:
@@ -78,7 +84,10 @@ def serve_command(
     if gpu_memory_utilization:
         argv += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
     argv += list(extra)
-    return argv, dict(RUNTIME_LORA_ENV)
+    env = dict(RUNTIME_LORA_ENV)
+    if batch_invariant:
+        env[BATCH_INVARIANT_ENV] = "1"
+    return argv, env
 
 
 class VLLMServer:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from server.engine.engine import ForwardBackwardJob, ForwardBackwardResult, UserError
 from server.engine.lora import LoraSpec
@@ -78,12 +79,18 @@ class TrainingRequests(RunOrdering):
             "type": "get_info",
         }
 
-    def base_model_facts(self) -> dict[str, str]:
-        """What the resident base model really is: where its weights came from, its dtype."""
+    def base_model_facts(self) -> dict[str, str | bool | int]:
+        """What the resident base model really is: where its weights came from, its dtype, and
+        whether a run's bits are its own (batch invariance; sampler and trainer bitwise equal
+        at temperature 1 without top-k or top-p when so)."""
+        invariant = self.engine.batch_invariant
         return {
             "base_model_origin": self.engine.model_origin,
             "dtype": str(self.engine.dtype).removeprefix("torch."),
             "dtype_reason": self.engine.dtype_reason,
+            "batch_invariant": invariant,
+            "sampler_trainer_bitwise": invariant,
+            "threads": torch.get_num_threads(),
         }
 
     def _attach_sampling_records(self, owner: str, call: ForwardBackwardCall) -> None:

@@ -26,9 +26,11 @@ RTOL_LP, ATOL_LP = 1e-5, 1e-5
 RTOL_GRAD, ATOL_GRAD = 1e-4, 1e-5
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir) -> Engine:
-    return Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"))
+@pytest.fixture(scope="module", params=[True, False], ids=["invariant", "fused"])
+def engine(tiny_model_dir, request) -> Engine:
+    """Both attention paths: the batch-invariant one (the default) and SDPA on packed rows."""
+    return Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"),
+                  batch_invariant=request.param)
 
 
 def rl_group(rng, vocab: int, prompt_len: int, sizes: list[int]) -> list[Datum]:
@@ -203,9 +205,17 @@ def test_groups_too_long_for_one_row_are_split_and_still_match(engine, monkeypat
     )
 
 
-def test_rows_of_many_query_chunks_match_and_their_masks_stay_linear(engine, monkeypatch):
+@pytest.fixture(scope="module")
+def fused_engine(tiny_model_dir) -> Engine:
+    return Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"),
+                  batch_invariant=False)
+
+
+def test_rows_of_many_query_chunks_match_and_their_masks_stay_linear(fused_engine, monkeypatch):
     """With 16-query chunks a row of ~200 columns takes 13 attention calls per layer; each mask
-    is at most `chunk x width` (never `width x width`) and skips the other continuations."""
+    is at most `chunk x width` (never `width x width`) and skips the other continuations (the
+    SDPA path; the batch-invariant one has its own tests)."""
+    engine = fused_engine
     monkeypatch.setattr(packed_attention, "QUERY_CHUNK", 16)
     calls: list[tuple[int, int, int]] = []
     real_sdpa = packed_attention.scaled_dot_product_attention

@@ -37,3 +37,6 @@ def test_get_info_and_capabilities_describe_the_resident_model(tiny_server, serv
     model = caps["supported_models"][0]
     assert model["dtype"] == "float32" and model["base_model_origin"]
     assert model["dtype_reason"] == info["model_data"]["dtype_reason"]
+    # The default engine is batch-invariant, and says so (its sampler and trainer agree to the bit).
+    assert model["batch_invariant"] is True and model["sampler_trainer_bitwise"] is True
+    assert info["model_data"]["batch_invariant"] is True and model["threads"] >= 1

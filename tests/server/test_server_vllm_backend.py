@@ -643,6 +643,8 @@ def test_the_serve_command_carries_the_flags_the_backend_needs():
     for flag in ("--enable-lora", "--max-loras 4", "--max-lora-rank 32", REQUIRED_FLAG,
                  f"--served-model-name {BASE}", "--port 8011", "--generation-config vllm"):
         assert flag in command
-    assert env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    assert env == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_BATCH_INVARIANT": "1"}
+    _, fused = serve_command("/m", served_model_name=BASE, batch_invariant=False)
+    assert "VLLM_BATCH_INVARIANT" not in fused
     with pytest.raises(ValueError, match="max-lora-rank"):
         serve_command("/m", served_model_name=BASE, max_lora_rank=12)

@@ -1,0 +1,255 @@
+"""One attention for decoding, prefilling and training, whose bits depend on nothing but the
+query's own keys: the same token gets the same numbers alone, fused, sampled or trained.
+
+Library attention (SDPA) reduces a query's keys in an order set by the call's shapes: how many
+keys the row has in all, where masked padding sits, how many rows and queries come together. A
+sampler decoding one token against its cache and a trainer running the whole sequence so get
+different bits for the same token, and a row decoded beside others gets other bits than alone.
+
+Here every key sits at the column of its position (0, 1, ...; a row's keys never move), keys
+are taken in fixed blocks of `KEY_BLOCK` columns, and each reduction has a fixed shape:
+
+- scores: `[queries, dim] @ [dim, keys]`, each a sum over the head dim only (its per-row and
+  per-column results do not depend on the query or key count on MKL from 4 rows on, measured);
+- the softmax's max over all visible keys (exact in any order);
+- per block, the sum of `exp(score - max)` over its `KEY_BLOCK` columns and the values as
+  `[queries, KEY_BLOCK] @ [KEY_BLOCK, dim]`: reductions of one fixed length;
+- the blocks' partial sums added one after another, block 0 first.
+
+A masked key adds an exact 0 and a block with no visible key adds 0 to every sum, so a query
+that meets more padding, more trailing blocks or a longer cache computes exactly the same.
+Queries are folded by key head (grouped-query attention) and padded to at least `MIN_ROWS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.utils.checkpoint
+
+KEY_BLOCK = 64
+"""Key columns per block: every block's reductions have this fixed length."""
+QUERY_CHUNK = 256
+"""Query positions per call while training: `[rows, heads, chunk, keys]` scores at a time."""
+MIN_ROWS = 4
+"""Folded query rows per matmul at least (zero rows added): batched fp32 matmuls of 1 to 3 rows
+take other kernels (measured), from 4 rows on every row comes out as in a matmul of 1024."""
+CHECKPOINT_SCORES = 1 << 23
+"""A training chunk whose scores exceed this many values is recomputed in backward rather than
+kept (a long prompt); smaller ones keep theirs, which is faster."""
+
+
+def block_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    positions: torch.Tensor,
+    window: int | None,
+    scaling: float,
+) -> torch.Tensor:
+    """`[B, q_heads, Q, dim]` queries at `[B, Q]` positions against position-aligned
+    `[B, kv_heads, T, dim]` keys and values (column c holds position c; columns past a query's
+    position are never read). Returns `[B, q_heads, Q, dim]`."""
+    batch, q_heads, count, dim = query.shape
+    kv_heads = key.shape[1]
+    group = q_heads // kv_heads
+    # Fold: kv head h serves query heads h*group .. h*group+group-1 (as `repeat_kv` does).
+    rows = group * count
+    folded = query.reshape(batch, kv_heads, rows, dim)
+    pos = positions[:, None, :].expand(batch, group, count).reshape(batch, 1, rows)
+    padded = max(rows, MIN_ROWS)
+    if padded > rows:
+        folded = torch.cat([folded, folded.new_zeros(batch, kv_heads, padded - rows, dim)], 2)
+        pos = torch.cat([pos, pos.new_zeros(batch, 1, padded - rows)], 2)
+    last = int(positions.max()) + 1
+    first = 0 if window is None else max(0, int(positions.min()) - window + 1)
+    lo, hi = (first // KEY_BLOCK) * KEY_BLOCK, -(-last // KEY_BLOCK) * KEY_BLOCK
+    if key.shape[2] < hi:  # keys end inside the last block: pad it (never visible)
+        extra = hi - key.shape[2]
+        key = torch.nn.functional.pad(key, (0, 0, 0, extra))
+        value = torch.nn.functional.pad(value, (0, 0, 0, extra))
+    keys, values = key[:, :, lo:hi], value[:, :, lo:hi]
+    # One matmul over the head dim for all blocks (each score's sum has the same length).
+    scores = torch.matmul(folded, keys.transpose(-1, -2)) * scaling  # [B, kvh, M, T]
+    columns = torch.arange(lo, hi, device=key.device)
+    qpos = pos.unsqueeze(-1)  # [B, 1, M, 1]
+    visible = columns <= qpos
+    if window is not None:
+        visible = visible & (qpos - columns < window)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    # Every query sees at least its own key. The shift cancels in the softmax, so it carries no
+    # gradient: detached, backward skips the max's pass.
+    top = scores.detach().amax(dim=-1, keepdim=True)
+    weights = torch.exp(scores - top)
+    total = out = None
+    for start in range(0, hi - lo, KEY_BLOCK):  # block by block, block 0 first
+        block = slice(start, start + KEY_BLOCK)
+        part_sum = weights[..., block].sum(-1)
+        part_out = torch.matmul(weights[..., block], values[:, :, block])
+        total = part_sum if total is None else total + part_sum
+        out = part_out if out is None else out + part_out
+    out = out / total.unsqueeze(-1)
+    return out[:, :, :rows].reshape(batch, q_heads, count, dim)
+
+
+# ------------------------------------------------------------------ training views
+@dataclass(frozen=True)
+class Views:
+    """A packed micro-batch as position-aligned views: one per (row, segment). A shared
+    prompt's view is its own queries against itself; a continuation's view is its own queries
+    against the prompt and itself, gathered into position order (column c = position c)."""
+
+    row: torch.Tensor  # [V]
+    query_columns: torch.Tensor  # [V, Q]
+    query_positions: torch.Tensor  # [V, Q]
+    query_real: torch.Tensor  # [V, Q] bool
+    key_columns: torch.Tensor  # [V, K]
+
+
+def plan_views(segments: torch.Tensor, positions: torch.Tensor) -> tuple[Views, ...]:
+    """The views of packed rows from their per-column segments (-1 padding) and positions, in
+    two batches of like shapes: the shared prompts, and the continuations (each padded only to
+    the longest of its own kind)."""
+    prompts: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    continuations: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    for r in range(segments.shape[0]):
+        seg = segments[r]
+        prompt = (seg == 0).nonzero(as_tuple=True)[0]
+        if len(prompt):
+            prompts.append((r, prompt, prompt))
+        for s in torch.unique(seg[seg > 0]).tolist():
+            own = (seg == s).nonzero(as_tuple=True)[0]
+            continuations.append((r, own, torch.cat([prompt, own])))
+    return tuple(_batch(views, positions) for views in (prompts, continuations) if views)
+
+
+def _batch(views: list[tuple[int, torch.Tensor, torch.Tensor]], positions: torch.Tensor) -> Views:
+    width_q = max(len(q) for _, q, _ in views)
+    width_k = max(len(k) for _, _, k in views)
+    count = len(views)
+    query_columns = torch.zeros((count, width_q), dtype=torch.long)
+    query_positions = torch.zeros((count, width_q), dtype=torch.long)
+    query_real = torch.zeros((count, width_q), dtype=torch.bool)
+    key_columns = torch.zeros((count, width_k), dtype=torch.long)
+    for v, (r, q, k) in enumerate(views):
+        query_columns[v, : len(q)] = q
+        query_columns[v, len(q) :] = q[0]
+        query_positions[v, : len(q)] = positions[r, q]
+        query_real[v, : len(q)] = True
+        key_columns[v, : len(k)] = k
+        # Keys past a view's own are never visible (they sit after every query's position).
+        key_columns[v, len(k) :] = k[-1]
+    rows = torch.tensor([r for r, _, _ in views])
+    return Views(rows, query_columns, query_positions, query_real, key_columns)
+
+
+@dataclass(frozen=True)
+class InvariantLayout:
+    """The `attention_mask` of an invariant training forward (one per layer type)."""
+
+    views: tuple[Views, ...]
+    window: int | None
+
+
+def views_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layout: InvariantLayout,
+    scaling: float,
+) -> torch.Tensor:
+    """`[rows, q_heads, width, dim]` packed queries under `layout`; returns `[rows, width,
+    q_heads, dim]` (padding columns get zeros). A chunk of many scores is checkpointed: backward
+    recomputes them instead of keeping them."""
+    dev = query.device
+    queries = query.transpose(1, 2)  # [rows, width, qh, D]
+    where_rows, where_cols, parts = [], [], []
+    for views in layout.views:
+        row = views.row.to(dev)
+        keys = key.transpose(1, 2)[row[:, None], views.key_columns.to(dev)].transpose(1, 2)
+        values = value.transpose(1, 2)[row[:, None], views.key_columns.to(dev)].transpose(1, 2)
+        width = views.query_columns.shape[1]
+        for first in range(0, width, QUERY_CHUNK):
+            cols = views.query_columns[:, first : first + QUERY_CHUNK].to(dev)
+            pos = views.query_positions[:, first : first + QUERY_CHUNK].to(dev)
+            real = views.query_real[:, first : first + QUERY_CHUNK].to(dev)
+            q = queries[row[:, None], cols].transpose(1, 2)  # [V, qh, chunk, D]
+            scores = q.shape[0] * q.shape[1] * q.shape[2] * keys.shape[2]
+            if torch.is_grad_enabled() and scores > CHECKPOINT_SCORES:
+                attended = torch.utils.checkpoint.checkpoint(
+                    block_attention, q, keys, values, pos, layout.window, scaling,
+                    use_reentrant=False,
+                )
+            else:
+                attended = block_attention(q, keys, values, pos, layout.window, scaling)
+            v_idx, c_idx = real.nonzero(as_tuple=True)
+            where_rows.append(row[v_idx])
+            where_cols.append(cols[v_idx, c_idx])
+            parts.append(attended.transpose(1, 2)[v_idx, c_idx])
+    out = queries.new_zeros(queries.shape)
+    return out.index_put((torch.cat(where_rows), torch.cat(where_cols)), torch.cat(parts))
+
+
+# ------------------------------------------------------------------ decoding
+@dataclass(frozen=True)
+class DecodeLayout:
+    """The `attention_mask` of an invariant prefill or decode step: each row's query
+    positions; its keys are in a `PositionCache` at their positions."""
+
+    positions: torch.Tensor  # [rows, queries]
+    window: int | None
+
+
+class PositionCache:
+    """A KV cache that keeps each key at its position's column, `[rows, kv_heads, capacity,
+    dim]` per layer, so a row's keys never move when others join, leave or are padded.
+
+    The model calls `update` once per layer; `write_positions` says where the new tokens go:
+    a prefill writes positions `0..L-1` of its one row, a decode step one position per row.
+    """
+
+    def __init__(self, layers: int, rows: int, kv_heads: int, capacity: int, dim: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        capacity = -(-capacity // KEY_BLOCK) * KEY_BLOCK
+        shape = (rows, kv_heads, capacity, dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.write_positions: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        where = self.write_positions
+        assert where is not None
+        if key_states.shape[2] == 1:  # one new token per row, each at its own position
+            rows = torch.arange(keys.shape[0], device=keys.device)
+            keys[rows, :, where[:, 0]] = key_states[:, :, 0].to(keys.dtype)
+            values[rows, :, where[:, 0]] = value_states[:, :, 0].to(values.dtype)
+        else:  # a prefill: the same positions for every row
+            first, stop = int(where[0, 0]), int(where[0, -1]) + 1
+            keys[:, :, first:stop] = key_states.to(keys.dtype)
+            values[:, :, first:stop] = value_states.to(values.dtype)
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0 if self.write_positions is None else int(self.write_positions.max()) + 1
+
+    def copy_rows(self, source: PositionCache, rows: slice) -> None:
+        """Fill `rows` from a one-row cache (a request's prefill, repeated for its samples)."""
+        for mine, theirs in zip(self.keys + self.values, source.keys + source.values):
+            mine[rows] = theirs[0]
+
+    def batch_select_indices(self, index: torch.Tensor) -> None:
+        self.keys = [k[index] for k in self.keys]
+        self.values = [v[index] for v in self.values]
+
+
+def decode_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: DecodeLayout,
+    scaling: float,
+) -> torch.Tensor:
+    """Prefill or decode queries against a `PositionCache`'s keys; `[rows, q, q_heads, dim]`."""
+    out = block_attention(query, key, value, layout.positions.to(query.device), layout.window,
+                          scaling)
+    return out.transpose(1, 2).contiguous()

@@ -1,0 +1,178 @@
+"""A run's numbers are bitwise the same alone and batched with other runs.
+
+On the tiny random Gemma 3 in float32 (its fp32 matmuls are the ones whose bits depend on the
+row count) and with the engine's default invariance on: one run's forward_backward (losses,
+every logprob, every gradient, the weights after a step) and one request's samples (tokens and
+logprobs) are computed alone, then fused with one to three other runs of other shapes, prompt
+lengths, sample counts and losses, and compared with `torch.equal` / `np.array_equal`. With
+invariance off the same comparison differs, so these tests can fail.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from server.engine.engine import AdamParams, Engine, ForwardBackwardJob, SampleJob
+from server.engine.jobs import SamplingParams
+from server.engine.model_loading import load_base_model
+from server.protocol.codec import Datum
+from tests.server.test_server_prefix_sharing import _named, new_state, rl_group, sft_data
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir) -> Engine:
+    engine = Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"))
+    assert engine.batch_invariant
+    return engine
+
+
+def training_jobs(engine: Engine, others: int) -> list[ForwardBackwardJob]:
+    """The run under test first, then `others` runs of other shapes and losses."""
+    vocab = engine.vocab_size
+    rng = np.random.default_rng(0)
+    jobs = [
+        ForwardBackwardJob(new_state(engine, 1), rl_group(rng, vocab, 12, [5, 9, 3, 7]),
+                           "importance_sampling", {}, False)
+    ]
+    shapes = [(40, [2, 30]), (6, [11]), (20, [4, 4, 4, 4, 4, 4])]
+    for k, (prompt, sizes) in enumerate(shapes[:others]):
+        other_rng = np.random.default_rng(10 + k)
+        data = (sft_data if k % 2 else rl_group)(other_rng, vocab, prompt, sizes)
+        loss = "cross_entropy" if k % 2 else "ppo"
+        jobs.append(ForwardBackwardJob(new_state(engine, 20 + k), data, loss, {}, False))
+    return jobs
+
+
+def train_first(engine: Engine, others: int):
+    jobs = training_jobs(engine, others)
+    result = engine.forward_backward(jobs)[0]
+    state = jobs[0].state
+    grads = {name: t.grad.clone() for name, t in _named(state.adapter)}
+    engine.optim_step(state, AdamParams(learning_rate=1e-2))
+    weights = {name: t.detach().clone() for name, t in _named(state.adapter)}
+    for job in jobs[1:]:
+        job.state.optimizer.zero_grad(set_to_none=True)
+    return result, grads, weights
+
+
+def assert_training_equal(a, b) -> None:
+    assert a[0].metrics["loss:sum"] == b[0].metrics["loss:sum"]
+    for x, y in zip(a[0].outputs, b[0].outputs, strict=True):
+        assert np.array_equal(x["logprobs"], y["logprobs"])
+    for got, want in ((a[1], b[1]), (a[2], b[2])):
+        assert got.keys() == want.keys()
+        for name in want:
+            assert torch.equal(got[name], want[name]), name
+
+
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("others", [1, 2, 3])
+def test_a_training_run_alone_and_fused_is_bitwise_equal(engine, share, others):
+    engine.share_prefixes = share
+    try:
+        alone = train_first(engine, 0)
+        assert_training_equal(alone, train_first(engine, others))
+        assert_training_equal(alone, train_first(engine, 0))  # and again alone
+    finally:
+        engine.share_prefixes = True
+
+
+def sample_jobs(engine: Engine, others: int, temperature: float = 1.0) -> list[SampleJob]:
+    rng = np.random.default_rng(3)
+    vocab = engine.vocab_size
+    first = SampleJob(
+        new_state(engine, 1).adapter.detached(),
+        rng.integers(5, vocab, size=14).tolist(),
+        6,
+        SamplingParams(max_tokens=24, temperature=temperature, seed=7, stop=[]),
+        prompt_logprobs=True,
+    )
+    shapes = [(45, 3, 40), (5, 9, 8), (20, 1, 30)]  # prompt length, samples, max tokens
+    jobs = [first]
+    for k, (length, samples, max_tokens) in enumerate(shapes[:others]):
+        adapter = new_state(engine, 30 + k).adapter.detached() if k != 1 else first.adapter
+        jobs.append(
+            SampleJob(
+                adapter,
+                rng.integers(5, vocab, size=length).tolist(),
+                samples,
+                # stop on EOS, so rows finish at different steps and leave the batch
+                SamplingParams(max_tokens=max_tokens, temperature=0.8 + 0.3 * k, seed=k),
+                prompt_logprobs=k == 2,
+            )
+        )
+    return jobs
+
+
+def sample_first(engine: Engine, others: int, temperature: float = 1.0):
+    result = engine.sample(sample_jobs(engine, others, temperature))[0]
+    return (
+        [s.tokens for s in result.sequences],
+        [np.asarray(s.logprobs, dtype=np.float64) for s in result.sequences],
+        result.prompt_logprobs,
+    )
+
+
+def assert_samples_equal(a, b) -> None:
+    assert a[0] == b[0]
+    for x, y in zip(a[1], b[1], strict=True):
+        assert np.array_equal(x, y)
+    assert np.array_equal(a[2], b[2], equal_nan=True)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+@pytest.mark.parametrize("others", [1, 2, 3])
+def test_a_sampling_request_alone_and_fused_is_bitwise_equal(engine, others, temperature):
+    alone = sample_first(engine, 0, temperature)
+    assert all(len(t) == 24 for t in alone[0])
+    assert_samples_equal(alone, sample_first(engine, others, temperature))
+
+
+def test_without_invariance_fusing_changes_the_bits(tiny_model_dir):
+    """The check above can fail: the fused engine gives the same run other bits."""
+    fused = Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"),
+                   batch_invariant=False)
+    alone, batched = train_first(fused, 0), train_first(fused, 3)
+    differ = [name for name in alone[1] if not torch.equal(alone[1][name], batched[1][name])]
+    a, b = sample_first(fused, 0), sample_first(fused, 3)
+    logprobs_differ = any(not np.array_equal(x, y) for x, y in zip(a[1], b[1]))
+    assert differ or logprobs_differ
+
+
+def sampled_then_trained(engine: Engine, others: int):
+    """Sample a request (fused with `others`), then score prompt + each sample in training."""
+    jobs = sample_jobs(engine, others)
+    first = jobs[0]
+    result = engine.sample(jobs)[0]
+    data = []
+    for seq in result.sequences:
+        full = np.asarray(first.prompt + seq.tokens, dtype=np.int64)
+        n = len(full) - 1
+        advantages = np.zeros(n, np.float32)
+        advantages[len(first.prompt) - 1 :] = 1.0
+        recorded = np.zeros(n, np.float32)
+        recorded[len(first.prompt) - 1 :] = seq.logprobs
+        data.append(Datum(full[:-1], {"target_tokens": full[1:], "logprobs": recorded,
+                                      "advantages": advantages}))
+    state = new_state(engine, 1)  # the same weights the request sampled with
+    fb = engine.forward_backward([ForwardBackwardJob(state, data, "importance_sampling", {},
+                                                     True)])[0]
+    return first, result, fb
+
+
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("others", [0, 3])
+def test_the_trainer_gives_a_sampled_token_the_samplers_bits(engine, share, others):
+    engine.share_prefixes = share
+    try:
+        first, result, fb = sampled_then_trained(engine, others)
+    finally:
+        engine.share_prefixes = True
+    start = len(first.prompt) - 1
+    for seq, out in zip(result.sequences, fb.outputs, strict=True):
+        trained = out["logprobs"][start:]
+        sampled = np.asarray(seq.logprobs, dtype=np.float32)
+        assert np.array_equal(trained, sampled)
+        assert np.all(np.exp(trained - sampled) == 1.0)  # on-policy importance ratio: exactly 1

@@ -1,0 +1,71 @@
+"""The batch-invariant attention computes attention, and its bits depend on nothing else.
+
+`block_attention` against SDPA on the same inputs (float tolerance: another summation order),
+for causal, sliding-window and grouped-query shapes; then the properties the engine relies on:
+a query's output is the same bits whatever rows, queries, padding keys or trailing blocks come
+with it, and a position-aligned cache returns what was written where it was written.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from server.engine.invariant_attention import KEY_BLOCK, PositionCache, block_attention
+
+
+def _inputs(seed: int, rows: int, q_heads: int, kv_heads: int, length: int, dim: int = 32):
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(rows, q_heads, length, dim, generator=generator)
+    k = torch.randn(rows, kv_heads, length, dim, generator=generator)
+    v = torch.randn(rows, kv_heads, length, dim, generator=generator)
+    return q, k, v
+
+
+@pytest.mark.parametrize("window", [None, 7])
+@pytest.mark.parametrize("q_heads, kv_heads", [(2, 1), (4, 2), (1, 1)])
+def test_it_computes_causal_attention(window, q_heads, kv_heads):
+    q, k, v = _inputs(0, 2, q_heads, kv_heads, 150)
+    positions = torch.arange(150).expand(2, 150)
+    got = block_attention(q, k, v, positions, window, 32**-0.5)
+    i = torch.arange(150)
+    allowed = i[None, :] <= i[:, None]
+    if window:
+        allowed &= i[:, None] - i[None, :] < window
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=32**-0.5,
+                                          enable_gqa=kv_heads != q_heads)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_query_gets_the_same_bits_in_any_company():
+    q, k, v = _inputs(1, 5, 2, 1, 200)
+    positions = torch.arange(200).expand(5, 200)
+    everything = block_attention(q, k, v, positions, None, 0.2)
+    for t in (0, 3, 63, 64, 130, 199):
+        # one query alone, in one row, with the cache longer than it (garbage past it)
+        longer_k = torch.cat([k[2:3, :, : t + 1], torch.randn(1, 1, 300, 32)], 2)
+        longer_v = torch.cat([v[2:3, :, : t + 1], torch.randn(1, 1, 300, 32)], 2)
+        alone = block_attention(q[2:3, :, t : t + 1], longer_k, longer_v,
+                                torch.tensor([[t]]), None, 0.2)
+        assert torch.equal(alone[0, :, 0], everything[2, :, t]), t
+    # a slice of the queries, and other rows around them
+    part = block_attention(q[1:4, :, 40:90], k[1:4], v[1:4], positions[1:4, 40:90], None, 0.2)
+    assert torch.equal(part, everything[1:4, :, 40:90])
+
+
+def test_a_position_cache_keeps_each_key_at_its_position():
+    cache = PositionCache(layers=1, rows=2, kv_heads=1, capacity=70, dim=4,
+                          dtype=torch.float32, device="cpu")
+    assert cache.keys[0].shape[2] % KEY_BLOCK == 0 and cache.keys[0].shape[2] >= 70
+    cache.write_positions = torch.arange(3).expand(2, 3)
+    prefill = torch.arange(2 * 3 * 4, dtype=torch.float32).view(2, 1, 3, 4)
+    keys, _ = cache.update(prefill, prefill, 0)
+    assert torch.equal(keys[:, :, :3], prefill)
+    cache.write_positions = torch.tensor([[3], [5]])  # rows at different positions
+    step = torch.ones(2, 1, 1, 4)
+    keys, _ = cache.update(step, -step, 0)
+    assert torch.equal(keys[0, 0, 3], torch.ones(4)) and torch.equal(keys[1, 0, 5], torch.ones(4))
+    assert torch.equal(keys[0, 0, 5], torch.zeros(4))
+    cache.batch_select_indices(torch.tensor([1]))
+    assert cache.keys[0].shape[0] == 1 and torch.equal(cache.values[0][0, 0, 5], -torch.ones(4))
