@@ -217,6 +217,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from autoresearch.study.compare import compare
+
+    differences = compare(args.first, args.second)
+    for difference in differences[: args.limit]:
+        print(difference)
+    if len(differences) > args.limit:
+        print(f"... and {len(differences) - args.limit} more")
+    print(f"{len(differences)} difference(s) between {args.first} and {args.second} "
+          "(timestamps and durations left out)")
+    return 1 if differences else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autoresearch", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -253,6 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", default=None, type=Path)
     report.add_argument("--print", action="store_true", help="print instead of writing a file")
     report.set_defaults(func=cmd_report)
+    diff = sub.add_parser("compare", help="two studies' journals number for number (exit 1 if "
+                                          "they differ): did a re-run reproduce the study?")
+    diff.add_argument("first", type=Path)
+    diff.add_argument("second", type=Path)
+    diff.add_argument("--limit", type=int, default=40, help="differences printed at most")
+    diff.set_defaults(func=cmd_compare)
     return parser
 
 

@@ -98,14 +98,37 @@ def make_pruner(spec: PruningSpec, n: int, max_resource: int) -> BasePruner | No
 class StudyPruning:
     """The study's pruning state: which Optuna trial stands for which study trial."""
 
-    def __init__(self, spec: PruningSpec, n: int, max_resource: int):
+    def __init__(self, spec: PruningSpec, n: int, max_resource: int, rounds: bool = False):
         self.spec = spec
+        self._n, self._max_resource = n, max_resource
         self.pruner = make_pruner(spec, n, max_resource)
         self._lock = threading.Lock()
         self._trials: dict[str, optuna.Trial] = {}
         self._steps: dict[str, set[int]] = {}
         self._study = (optuna.create_study(direction="maximize", pruner=self.pruner)
                        if self.pruner is not None else None)
+        self.rounds = rounds
+        """Trials run in rounds (`executor.schedule: rounds`): a trial is compared only with
+        the trials that ended before its round began, never with its round's others, so its
+        fate does not depend on which of them reported first."""
+        self._base: tuple[list[dict[str, Any]], dict[str, list[tuple[int, float]]]] = ([], {})
+        self._private: dict[str, StudyPruning] = {}
+
+    def start_round(self, trials: list[dict[str, Any]],
+                    evals: dict[str, list[tuple[int, float]]]) -> None:
+        """Rounds: what the next round's trials are compared with (the trials ended so far)."""
+        with self._lock:
+            self._base = ([t for t in trials if t["finished"]], evals)
+            self._private.clear()
+
+    def _own(self, trial_id: str) -> StudyPruning:
+        """Rounds: this trial's own pruning state, the round's base replayed in trial order."""
+        own = self._private.get(trial_id)
+        if own is None:
+            own = self._private[trial_id] = StudyPruning(self.spec, self._n, self._max_resource)
+            trials, evals = self._base
+            own.replay(sorted(trials, key=lambda t: t["number"]), evals, in_order=True)
+        return own
 
     @property
     def enabled(self) -> bool:
@@ -115,6 +138,10 @@ class StudyPruning:
         """Record a score at `step`; the decision's numbers when the trial must stop."""
         if self._study is None or role not in REPORTING_ROLES:
             return None
+        if self.rounds:
+            with self._lock:
+                own = self._own(trial_id)
+            return own.report(trial_id, role, step, value)
         with self._lock:
             prune = self._record(trial_id, step, value)
             assert isinstance(self.pruner, NoiseMarginPruner)
@@ -151,14 +178,17 @@ class StudyPruning:
             else:
                 self._study.tell(trial, value)
 
-    def replay(self, trials: list[dict[str, Any]], evals: dict[str, list[tuple[int, float]]]
-               ) -> None:
+    def replay(self, trials: list[dict[str, Any]], evals: dict[str, list[tuple[int, float]]],
+               in_order: bool = False) -> None:
         """Rebuild from the journal (a resumed study): finished trials in the order they
-        finished, then the ones still running (their earlier steps). Replay never prunes."""
+        finished (`in_order`: in the order given), then the ones still running (their earlier
+        steps). Replay never prunes."""
         if self._study is None:
             return
         rows = [t for t in trials if t["role"] in REPORTING_ROLES and evals.get(t["id"])]
-        done = sorted((t for t in rows if t["finished"]), key=lambda t: t["finished"])
+        done = [t for t in rows if t["finished"]]
+        if not in_order:
+            done.sort(key=lambda t: t["finished"])
         for row in done + [t for t in rows if not t["finished"]]:
             with self._lock:
                 for step, value in sorted(evals[row["id"]]):

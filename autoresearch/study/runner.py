@@ -30,7 +30,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,8 +141,9 @@ class StudyRunner:
         self._exploring = True
         self._server_data: Path | None = None
         base = study.trial_base()
+        self._rounds = study.executor.schedule == "rounds"
         self.pruning = StudyPruning(study.pruning, base.eval.every_tasks or base.eval.dev_tasks,
-                                    base.rl.steps)
+                                    base.rl.steps, rounds=self._rounds)
         self._progress = progress or (lambda trial_id, state: None)
         self._trackers: dict[str, ProgressTracker] = {}
         self._interrupted = False
@@ -236,8 +237,11 @@ class StudyRunner:
         return self.study.trial_cache is not None and self.study.trial_cache.replay_evidence
 
     def _replay_pruning(self) -> None:
-        if not self.pruning.enabled:
-            return
+        if self.pruning.enabled:
+            self.pruning.replay(self.journal.trials(), self._intermediate_evals())
+
+    def _intermediate_evals(self) -> dict[str, list[tuple[int, float]]]:
+        """Every trial's dev scores during training, `(RL step, accuracy)`, from the journal."""
         evals: dict[str, list[tuple[int, float]]] = {}
         for row in self.journal.query("SELECT trial_id, stage, split, accuracy, summary "
                                       "FROM evals ORDER BY time"):
@@ -245,7 +249,7 @@ class StudyRunner:
                                       "split": row["split"]})
             if step is not None and row["accuracy"] is not None:
                 evals.setdefault(row["trial_id"], []).append((step, row["accuracy"]))
-        self.pruning.replay(self.journal.trials(), evals)
+        return evals
 
     def outcome(self, report: Path | None = None) -> StudyOutcome:
         best_id = self.journal.study()["best_trial"]
@@ -339,6 +343,8 @@ class StudyRunner:
         try:
             while True:
                 self._decide()
+                if self._rounds and self.pruning.enabled:
+                    self.pruning.start_round(self.journal.trials(), self._intermediate_evals())
                 for row in self.journal.trials():
                     if row["status"] not in ACTIVE:
                         continue
@@ -352,8 +358,11 @@ class StudyRunner:
                         pending[self._dispatch(row, executor_for(row), threads)] = row["id"]
                 if not pending:
                     break
-                done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
-                for future in done:
+                # Rounds: the next decisions wait for the whole round, so they never depend
+                # on which trial ended first.
+                done, _ = wait(list(pending),
+                               return_when=ALL_COMPLETED if self._rounds else FIRST_COMPLETED)
+                for future in sorted(done, key=lambda f: pending[f]):  # in trial order
                     self._collect(pending.pop(future), future)
             finished = True
         finally:

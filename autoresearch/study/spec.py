@@ -82,6 +82,13 @@ class ProposerSpec(_Strict):
 class ExecutorSpec(_Strict):
     kind: Literal["local", "kubernetes"] = "local"
     max_parallel_trials: int = Field(1, ge=1, le=1024)
+    schedule: Literal["rounds", "asap"] = "rounds"
+    """`rounds`: up to `max_parallel_trials` trials start together, and what comes next is
+    decided and proposed once all of them have ended; pruning compares a trial only with the
+    trials of earlier rounds. With a batch-invariant server the journal is then the same
+    whatever the timing: a re-run gives the same numbers. `asap`: a freed slot is refilled at
+    once, which finishes sooner when trials differ in length, but proposals and pruning then
+    depend on which trial happened to end first."""
     job_template: str | None = None
     """Kubernetes: the trial Job template (default /config/trial-job.yaml)."""
     namespace: str | None = None

@@ -60,3 +60,17 @@ def test_a_step_written_twice_is_kept_once_and_the_record_replaces_the_stream(tm
     assert [s["reward_mean"] for s in journal.steps("t1")] == [0.1, 0.3]
     journal.finish_trial("t1", step_entries=[{"phase": "rl", "step": 0, "reward_mean": 0.5}])
     assert [s["reward_mean"] for s in journal.steps("t1")] == [0.5]
+
+
+def test_compare_finds_a_changed_number_and_ignores_the_clock(tmp_path):
+    from autoresearch.study.compare import comparable, compare
+
+    assert comparable('{"loss": 1.5, "time": 3.0, "seconds": 2}') == {"loss": 1.5}
+    for name, loss, when in (("a", 0.5, 1.0), ("b", 0.5, 2.0), ("c", 0.25, 3.0)):
+        journal = Journal(tmp_path / name)
+        journal.init_study("s", {"name": "s"})
+        journal.put_steps("t0001", [{"phase": "rl", "step": 0, "time": when, "loss": loss,
+                                     "grad_norm": 1.0}])
+    assert compare(tmp_path / "a", tmp_path / "b") == []  # only the clock differs
+    differences = compare(tmp_path / "a", tmp_path / "c")
+    assert {(d.table, d.field) for d in differences} == {("steps", "loss"), ("steps", "metrics")}

@@ -4,10 +4,13 @@ to more candidates; the baseline and close candidates run to the end."""
 
 from __future__ import annotations
 
+import random
+import time
 from pathlib import Path
 
 import optuna
 
+from autoresearch.study.compare import compare
 from autoresearch.study.journal import Journal
 from autoresearch.study.pruning import NoiseMarginPruner, StudyPruning
 from autoresearch.study.runner import resume_study, run_study
@@ -105,3 +108,44 @@ def test_the_noise_margin_overrules_a_pruner_that_would_stop_a_close_trial():
     assert isinstance(pruning.pruner, NoiseMarginPruner)
     # The baseline is reported but never pruned, however far behind.
     assert pruning.report("t0004", "baseline", 2, 0.0) is None
+
+
+class JitteredExecutor(SyntheticExecutor):
+    """Synthetic trials that take a random time each, from `jitter`'s own random stream."""
+
+    def __init__(self, jitter: int, **kwargs):
+        super().__init__(**kwargs)
+        self._random = random.Random(jitter)
+
+    def run(self, job, on_step):
+        with self._lock:
+            pause = self._random.uniform(0.0, 0.15)
+        time.sleep(pause)
+        return super().run(job, on_step)
+
+
+def test_in_rounds_a_rerun_journals_the_same_study_whatever_the_trials_timing(tmp_path: Path):
+    """Trials end in another order each time; proposals, pruning and decisions do not."""
+    spec = {"executor": {"max_parallel_trials": 3, "schedule": "rounds"},
+            "search_space": {"rl.adam.learning_rate": {"low": 1e-8, "high": 3e-4, "log": True}},
+            "budget": {"max_trials": 9, "confirm_seeds": 1, "max_confirm_trials": 2}}
+    for jitter in (1, 2):
+        run_study(_study("rounds", **spec), tmp_path / f"run{jitter}",
+                  executor=JitteredExecutor(jitter, quality=quality))
+    journal = Journal(tmp_path / "run1", read_only=True)
+    assert any(t["status"] == "pruned" for t in journal.trials())
+    assert compare(tmp_path / "run1", tmp_path / "run2") == []
+
+
+def test_in_rounds_a_trial_is_pruned_only_against_earlier_rounds():
+    pruning = StudyPruning(PruningSpec.model_validate(PRUNING), 48, 6, rounds=True)
+    pruning.start_round([], {})
+    # Round 1: nothing to compare with, so nobody is pruned, whoever reports first.
+    assert pruning.report("t0001", "baseline", 2, 0.9) is None
+    assert pruning.report("t0002", "explore", 2, 0.0) is None
+    finished = [{"id": f"t000{k}", "number": k, "role": r, "finished": 1.0 + k,
+                 "dev_accuracy": v, "status": "done"}
+                for k, r, v in ((1, "baseline", 0.9), (2, "explore", 0.0))]
+    pruning.start_round(finished, {"t0001": [(2, 0.9)], "t0002": [(2, 0.0)]})
+    stopped = pruning.report("t0003", "explore", 2, 0.0)
+    assert stopped is not None and stopped["best"] == 0.9

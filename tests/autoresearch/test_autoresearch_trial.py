@@ -304,3 +304,36 @@ def test_ratios_and_kl_compare_one_distribution_at_any_sampling_temperature(
     assert step["completion_tokens"] > 0
     assert step["kl_sample_train_k1"] == pytest.approx(0.0, abs=1e-3)
     assert step["kl_sample_train_k3"] == pytest.approx(0.0, abs=1e-3)
+
+
+def test_a_seeded_trial_gives_the_same_bits_twice_also_beside_another_trial(
+    sql_model_dir, sql_server, reward_pool, tmp_path
+):
+    """The server is batch-invariant: the same trial run alone and then while another trial
+    shares the server's batches records the same numbers, every field but the clock's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from autoresearch.study.compare import comparable
+
+    config = tiny_config(sql_model_dir)
+    other = tiny_config(sql_model_dir, name="other", seed=11,
+                        rl={**config.rl.model_dump(), "group_size": 2, "max_tokens": 9})
+    run_trial(config, tmp_path / "alone", sql_server.url, "tml-tests", pool=reward_pool)
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(run_trial, c, tmp_path / name, sql_server.url, "tml-tests",
+                               None, reward_pool)
+                   for c, name in ((config, "again"), (other, "beside"))]
+        for future in futures:
+            future.result()
+
+    def numbers(directory: Path) -> list:
+        record = TrialRecord(directory)
+        return [comparable(e) for e in record.of_type("step") + record.of_type("eval")]
+
+    alone, again = numbers(tmp_path / "alone"), numbers(tmp_path / "again")
+    assert len(alone) == 7 and alone == again
+    assert TrialRecord(tmp_path / "alone").final()["dev"] == TrialRecord(
+        tmp_path / "again").final()["dev"]
+    steps = TrialRecord(tmp_path / "alone").of_type("step")
+    # Sampler and trainer give the sampled tokens the same bits: on-policy ratios are exactly 1.
+    assert all(s["kl_sample_train_k1"] == 0.0 for s in steps if s["phase"] == "rl")

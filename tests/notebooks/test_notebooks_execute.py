@@ -161,3 +161,26 @@ def test_remote_notebook_runs_a_study_against_the_server_in_the_environment(
     rows = leaderboard_rows(nb)
     assert len(rows) == 2 and {status for _, status in rows} <= {"kept", "discarded"}
     assert not (tmp_path / "studies" / "remote-nb" / "server-data").exists()  # no embedded one
+
+
+def test_the_quickstart_executed_twice_gives_the_same_numbers(tiny_model: Path, tmp_path: Path):
+    """A shared notebook reproduces: the same seeds give the same bits on a re-run (the server
+    is batch-invariant), in the trial's record and in every number the notebook prints."""
+    from autoresearch.rl.record import TrialRecord
+    from autoresearch.study.compare import comparable
+
+    texts, records = [], []
+    for run in ("first", "second"):
+        workdir = tmp_path / run
+        nb = run_notebook("01_quickstart.ipynb", model=str(tiny_model), tokenizer=str(tiny_model),
+                          small=True, workdir=str(workdir))
+        # printed numbers, less the clock's and the process's (durations, rates, times of day,
+        # the server's port, objects' addresses)
+        text = re.sub(r"\d+(\.\d+)? ?(s|seconds|tok/s|it/s|ms)\b|\d\d:\d\d(:\d\d)?|"
+                      r"127\.0\.0\.1:\d+| at 0x[0-9a-f]+", "<clock>", "\n".join(outputs(nb)))
+        texts.append(re.sub(re.escape(str(workdir)), "<dir>", text))
+        [trial] = list((workdir / "trials").iterdir())
+        record = TrialRecord(trial)
+        records.append([comparable(e) for e in record.of_type("step") + record.of_type("eval")])
+    assert records[0] and records[0] == records[1]
+    assert texts[0] == texts[1]
