@@ -85,10 +85,10 @@ class ExecutorSpec(_Strict):
     schedule: Literal["rounds", "asap"] = "rounds"
     """`rounds`: up to `max_parallel_trials` trials start together, and what comes next is
     decided and proposed once all of them have ended; pruning compares a trial only with the
-    trials of earlier rounds. With a batch-invariant server the journal is then the same
-    whatever the timing: a re-run gives the same numbers. `asap`: a freed slot is refilled at
-    once, which finishes sooner when trials differ in length, but proposals and pruning then
-    depend on which trial happened to end first."""
+    trials of earlier rounds, so neither depends on which trial ended first (with a
+    batch-invariant server, a trial's numbers do not depend on its neighbours either). `asap`:
+    a freed slot is refilled at once, which finishes sooner when trials differ in length, but
+    proposals and pruning then depend on which trial happened to end first."""
     job_template: str | None = None
     """Kubernetes: the trial Job template (default /config/trial-job.yaml)."""
     namespace: str | None = None
