@@ -1,9 +1,9 @@
 """What batch invariance costs, and whether it holds, on the embedded model, in one run.
 
-The engine is batch-invariant by default (`server/engine/invariance.py`): each training job
-and each request's prefill runs on its own, decoding stays fused with fixed-tile fp32 products
-and per-request attention. This benchmark toggles `Engine.batch_invariant` on one loaded model,
-so everything else is equal, and prints:
+The engine is batch-invariant by default (`server/engine/invariance.py`,
+`invariant_attention.py`): each training job runs its own micro-batches, prefill and decoding
+stay fused, with fixed-tile fp32 products and position-aligned attention. This benchmark
+toggles `Engine.batch_invariant` on one loaded model, so everything else is equal, and prints:
 
 1. whether it holds: one run's RL step (8 prompts x 8 samples, then forward_backward) alone and
    fused with three other runs' requests and jobs, compared bit for bit, invariance on and off;

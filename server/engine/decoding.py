@@ -146,7 +146,7 @@ def choose(
         )
     best, argmax = filtered.max(-1)
     weights = torch.exp(filtered - best[:, None])
-    drawn, _ = _inverse_cdf(weights, uniforms(params.keys, step).to(weights.device))
+    drawn = _inverse_cdf(weights, uniforms(params.keys, step).to(weights.device))
     picks = torch.where(greedy, argmax, drawn)
     picked_lp = _logprob(filtered, picks)
     if params.greedy:
@@ -163,9 +163,9 @@ def _logprob(values: torch.Tensor, picks: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(values, -1).gather(-1, picks[:, None])[:, 0]
 
 
-def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The index where each row's cumulative `weights` first pass `uniform * total`, and the
-    total: block sums first, then a cumulative sum inside the one block that holds the target.
+def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """The index where each row's cumulative `weights` first pass `uniform * total`: block
+    sums first, then a cumulative sum inside the one block that holds the target.
 
     The target is kept below the total, so it lands in a block of positive weight; inside it, a
     draw that rounding carries past the block's last kept token steps back onto that token.
@@ -185,7 +185,7 @@ def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> tuple[torch.Te
     local = torch.searchsorted(inside.cumsum(-1), rest, right=True)[:, 0]
     last_kept = (inside > 0).to(torch.int64).cumsum(-1).argmax(-1)
     local = torch.minimum(local, last_kept)
-    return which * block + local, total
+    return which * block + local
 
 
 class TokenPieces:

@@ -17,7 +17,7 @@ import threading
 import numpy as np
 import torch
 
-from server.engine import decoding, packed_attention
+from server.engine import decoding, packed_attention, prefix_sharing
 from server.engine.jobs import (
     AdamParams,
     EngineStats,
@@ -107,7 +107,12 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
         """Choose tokens where the logits are (see `decoding`); off: the host-side loop of
         `host_decoding`, kept as the reference a benchmark compares with."""
         self._layer_types = set(getattr(config, "layer_types", None) or [])
-        self._sliding_window = getattr(config, "sliding_window", None)
+        sliding_window = getattr(config, "sliding_window", None)
+        self._windows = {
+            layer_type: sliding_window if layer_type == prefix_sharing.SLIDING else None
+            for layer_type in self._layer_types
+        }
+        """Each attention layer type's window in positions (None: full attention)."""
         # Packed rows need per-layer-type layouts, which Gemma 3's SDPA or eager attention takes
         # through `packed_attention`.
         self._can_pack = (
@@ -118,9 +123,10 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
         if batch_invariant is None:
             batch_invariant = os.environ.get(BATCH_INVARIANT_ENV, "1") != "0"
         self.batch_invariant = batch_invariant and self._can_pack
-        """A run's numbers do not depend on what shares its batches (see `invariance`): each
-        training job and each request's prefill runs on its own, decoding stays fused. Needs
-        the packed attention hook (Gemma 3's layer types); other models run fused."""
+        """A run's numbers do not depend on what shares its batches (see `invariance` and
+        `invariant_attention`): each training job runs its own micro-batches, prefill and
+        decoding stay fused on position-aligned attention. Needs the packed attention hook
+        (Gemma 3's layer types); other models run fused."""
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()

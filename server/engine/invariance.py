@@ -6,8 +6,8 @@ into the tail of a small row count (fewer than 12 rows, measured), so the same t
 bits beside other rows; bf16 matmuls through oneDNN do not. Under invariance every fp32 product
 of the LoRA layers (and of an fp32 base model) runs in fixed tiles of `ROW_TILE` rows: each row
 is computed inside a GEMM of the same shape whatever the batch. Attention has its own module
-(`invariant_attention`); the engine's other rules (each training job and each request's prefill
-on its own) live where those are run.
+(`invariant_attention`); the engine's other rule (each training job on its own micro-batches)
+lives in `Training.forward_backward`.
 """
 
 from __future__ import annotations

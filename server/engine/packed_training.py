@@ -26,8 +26,7 @@ class PackedTraining:
     tokens_per_microbatch: int
     share_prefixes: bool
     batch_invariant: bool
-    _layer_types: set[str]
-    _sliding_window: int | None
+    _windows: dict[str, int | None]
 
     def _forward_packed(
         self,
@@ -45,8 +44,10 @@ class PackedTraining:
             min_shared=prefix_sharing.MIN_SHARED_TOKENS if self.share_prefixes else sys.maxsize,
         )
         lengths = [len(row.tokens) for row in packed]
-        for part in padded_batches(packed, lengths, self.tokens_per_microbatch):
-            self._run_packed(jobs, rows, part, per_row_lp, per_row_loss)
+        # Backward runs inside too: the head's checkpointed chunks recompute under the same rule.
+        with row_invariant(self.batch_invariant):
+            for part in padded_batches(packed, lengths, self.tokens_per_microbatch):
+                self._run_packed(jobs, rows, part, per_row_lp, per_row_loss)
 
     def _packed_inputs(
         self, packed: list[prefix_sharing.PackedRow]
@@ -66,35 +67,17 @@ class PackedTraining:
         if self.batch_invariant:
             views = invariant_attention.plan_views(segments, positions)
             return tokens, positions, real, {
-                layer_type: invariant_attention.InvariantLayout(
-                    views, self._sliding_window if layer_type == prefix_sharing.SLIDING else None
-                )
-                for layer_type in self._layer_types
+                layer_type: invariant_attention.InvariantLayout(views, window)
+                for layer_type, window in self._windows.items()
             }
         segments, positions = segments.to(self.device), positions.to(self.device)
         layouts = {
-            layer_type: packed_attention.PackedLayout(
-                segments,
-                positions,
-                self._sliding_window if layer_type == prefix_sharing.SLIDING else None,
-            )
-            for layer_type in self._layer_types
+            layer_type: packed_attention.PackedLayout(segments, positions, window)
+            for layer_type, window in self._windows.items()
         }
         return tokens, positions, real, layouts
 
     def _run_packed(
-        self,
-        jobs: list[ForwardBackwardJob],
-        rows: list[tuple[int, int]],
-        packed: list[prefix_sharing.PackedRow],
-        per_row_lp: dict[tuple[int, int], np.ndarray],
-        per_row_loss: dict[tuple[int, int], float],
-    ) -> None:
-        # Backward runs inside too: the head's checkpointed chunks recompute under the same rule.
-        with row_invariant(self.batch_invariant):
-            self._run_packed_rows(jobs, rows, packed, per_row_lp, per_row_loss)
-
-    def _run_packed_rows(
         self,
         jobs: list[ForwardBackwardJob],
         rows: list[tuple[int, int]],

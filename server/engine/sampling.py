@@ -46,8 +46,7 @@ class Sampling:
     device_sampling: bool
     batch_invariant: bool
     _can_pack: bool
-    _layer_types: set[str]
-    _sliding_window: int | None
+    _windows: dict[str, int | None]
     _body: torch.nn.Module
     _head: torch.nn.Module
     _softcap: float | None
@@ -249,9 +248,6 @@ class Sampling:
         expand = torch.tensor(owners, device=self.device)
         if self.batch_invariant:
             cache, logits = self._prefill_aligned(jobs)
-            if rows != len(jobs):
-                cache.batch_select_indices(expand)
-            logits = logits[expand]
         else:
             # One prefill per request, not per sample: a request's rows share its prompt and
             # adapter, so their caches start equal and are copied out after the prefill.
@@ -263,10 +259,10 @@ class Sampling:
                     use_cache=True,
                     logits_to_keep=1,
                 )
-            cache = _cache_of(out)
-            if rows != len(jobs):
-                cache.batch_select_indices(expand)
-            logits = out.logits[:, -1][expand]
+            cache, logits = _cache_of(out), out.logits[:, -1]
+        if rows != len(jobs):
+            cache.batch_select_indices(expand)
+        logits = logits[expand]
         mask, positions = mask[expand], positions[expand]
         step = 0
         while True:
@@ -336,11 +332,11 @@ class Sampling:
         Returns the cache (a row per request) and each request's last-position logits."""
         config = self.model.config
         width = max(len(job.prompt) for job in jobs)
-        capacity = max(len(job.prompt) + self._max_new(job) for job in jobs)
+        capacity = max(len(job.prompt) + self._max_new(job) for job in jobs)  # >= width
         head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
         cache = invariant_attention.PositionCache(
-            config.num_hidden_layers, len(jobs), config.num_key_value_heads, max(capacity, width),
-            head_dim, torch.float32, self.device,
+            config.num_hidden_layers, len(jobs), config.num_key_value_heads, capacity, head_dim,
+            torch.float32, self.device,
         )
         pad_id = int(self.tokenizer.pad_token_id or 0)
         tokens = torch.full((len(jobs), width), pad_id, dtype=torch.long)
@@ -367,10 +363,8 @@ class Sampling:
     def _decode_masks(self, positions: torch.Tensor) -> dict[str, object]:
         """The invariant attention's layout per layer type: the queries' positions."""
         return {
-            layer_type: invariant_attention.DecodeLayout(
-                positions, self._sliding_window if layer_type == "sliding_attention" else None
-            )
-            for layer_type in self._layer_types
+            layer_type: invariant_attention.DecodeLayout(positions, window)
+            for layer_type, window in self._windows.items()
         }
 
     def _row_params(self, jobs: list[SampleJob]) -> decoding.RowParams:
