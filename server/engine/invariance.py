@@ -3,9 +3,13 @@
 Fusing requests into one batch changes the shapes the kernels see. On this engine's CPU
 kernels (MKL and oneDNN under torch), an fp32 matmul computes a row differently when it falls
 into the tail of a small row count (fewer than 12 rows, measured), so the same token gets other
-bits beside other rows; bf16 matmuls through oneDNN do not. Under invariance every fp32 product
-of the LoRA layers (and of an fp32 base model) runs in fixed tiles of `ROW_TILE` rows: each row
-is computed inside a GEMM of the same shape whatever the batch. Attention has its own module
+bits beside other rows. A bf16 matmul through oneDNN gives every row the same bits from two rows
+up, but a single row takes a matrix-vector kernel that sums long rows (the MLP's 2048-wide
+`down_proj`) in another order: a few outputs in ten thousand differ by one bf16 step, so a
+sequence decoded alone after its batch-mates finished drifts from the trainer. Under invariance
+every fp32 product of the LoRA layers (and of an fp32 base model) runs in fixed tiles of
+`ROW_TILE` rows, each row computed inside a GEMM of the same shape whatever the batch, and a
+half-precision product of one row gets a zero row beside it. Attention has its own module
 (`invariant_attention`); the engine's other rule (each training job on its own micro-batches)
 lives in `Training.forward_backward`.
 """
@@ -21,6 +25,9 @@ import torch.nn.functional as F
 
 ROW_TILE = 16
 """Rows per fp32 GEMM under invariance: every row is computed in a `[ROW_TILE, K]` product."""
+MIN_HALF_ROWS = 2
+"""Rows a half-precision GEMM gets at least under invariance: from two rows on oneDNN's bf16
+kernel gives a row the bits it has in any larger product (measured up to 6000 rows)."""
 
 _ROW_INVARIANT: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "row_invariant", default=False
@@ -57,9 +64,15 @@ def tiled_matmul(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`F.linear`, tiled when invariance is on and the product is fp32 (bf16 is row-invariant
-    as it is)."""
-    if not (_ROW_INVARIANT.get() and x.dtype == torch.float32 and x.dim() == 2):
+    """`F.linear` of 2-D `x`, under invariance tiled when the product is fp32 and never of a
+    single row when it is half precision."""
+    if not (_ROW_INVARIANT.get() and x.dim() == 2):
         return F.linear(x, weight, bias)
-    out = tiled_matmul(x, weight.T)
-    return out + bias if bias is not None else out
+    if x.dtype == torch.float32:
+        out = tiled_matmul(x, weight.T)
+        return out + bias if bias is not None else out
+    rows = x.shape[0]
+    if rows >= MIN_HALF_ROWS:
+        return F.linear(x, weight, bias)
+    padded = torch.cat([x, x.new_zeros((MIN_HALF_ROWS - rows, x.shape[1]))])
+    return F.linear(padded, weight, bias)[:rows]

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from server.engine import invariance
@@ -190,7 +189,7 @@ class MultiLoRALinear(nn.Module):
         if x.dtype == weight.dtype:
             out = invariance.linear(x, weight, bias)
         else:
-            out = F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
+            out = invariance.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
         plan = _ROUTING.get()
         if plan is None or not plan.routed:
             return out
