@@ -1,15 +1,18 @@
 """Two studies' journals, compared number for number: did a re-run reproduce the study?
 
 Every table of the journal (trials, steps, evals, decisions, proposals, events, the study) is
-read in a stable order, with what depends on the clock left out: timestamps, durations, and
-the server's and the machine's facts that are measured rather than computed (load, wall time).
-Everything else must be equal: every loss, grad norm, sampler-trainer KL, sampled token count,
-reward, score, interval, p-value, proposal and decision. Floats are compared exactly.
+read in a stable order, with what depends on the clock left out: timestamps, durations, the
+server's and the machine's facts that are measured rather than computed (load, wall time), and
+the session ids a server names checkpoints by (`tinker://sess-...:train:0/weights/final` is
+compared as `tinker://<session>:train:0/weights/final`). Everything else must be equal: every
+loss, grad norm, sampler-trainer KL, sampled token count, reward, score, interval, p-value,
+proposal and decision. Floats are compared exactly.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,9 +23,14 @@ CLOCK_KEYS = frozenset({
     "time", "created", "updated", "started", "finished", "wall_seconds", "seconds",
     "down_seconds", "elapsed_seconds", "load_average", "directory", "output_dir",
     "server_url", "tokens_per_second", "sample_seconds", "train_seconds", "eval_seconds",
-    "step_seconds", "checkpoint",
+    "step_seconds", "checkpoint", "cache_dir",
+    # hashes of a config together with where it runs (the server's scope, the starting
+    # checkpoint's session): the config itself is compared field by field
+    "fingerprint", "config_key", "cache_key",
 })
 """Keys whose values depend on when and where the study ran, not on what it computed."""
+SESSION_ID = re.compile(r"tinker://[^:/\s]+:")
+"""A checkpoint path's session part: a random name the server chose, not a result."""
 ORDER = {
     "study": "name",
     "trials": "id",
@@ -57,6 +65,8 @@ def comparable(value: Any) -> Any:
         return {k: comparable(v) for k, v in sorted(value.items()) if k not in CLOCK_KEYS}
     if isinstance(value, list):
         return [comparable(v) for v in value]
+    if isinstance(value, str):
+        return SESSION_ID.sub("tinker://<session>:", value)
     return value
 
 

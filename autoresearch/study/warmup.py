@@ -275,9 +275,9 @@ class WarmupStage:
                           "steps": result.steps, "tokens": result.tokens,
                           "wall_seconds": result.wall_seconds, "created": time.time()},
                          record.path, self.server_data)
-        self.journal.event("warmup", f"warm-up done in {result.wall_seconds:.0f} s: "
-                           f"{result.checkpoint}; cached at {self.cache.dir}", WARMUP_ID,
-                           key=self.key)
+        self.journal.event("warmup", f"warm-up done: {result.checkpoint}", WARMUP_ID,
+                           cache_key=self.key, cache_dir=str(self.cache.dir),
+                           seconds=round(result.wall_seconds, 1))
         log.info("warm-up done (%.0f s): %s", result.wall_seconds, result.checkpoint)
         return result.checkpoint
 

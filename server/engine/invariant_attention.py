@@ -18,7 +18,7 @@ are taken in fixed blocks of `KEY_BLOCK` columns, and each reduction has a fixed
 
 A masked key adds an exact 0 and a block with no visible key adds 0 to every sum, so a query
 that meets more padding, more trailing blocks or a longer cache computes exactly the same.
-Queries are folded by key head (grouped-query attention) and padded to at least `MIN_ROWS`.
+Queries are folded by key head (grouped-query attention) and padded to a multiple of `ROW_GROUP`.
 """
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ KEY_BLOCK = 64
 """Key columns per block: every block's reductions have this fixed length."""
 QUERY_CHUNK = 256
 """Query positions per call while training: `[rows, heads, chunk, keys]` scores at a time."""
-MIN_ROWS = 4
-"""Folded query rows per matmul at least (zero rows added): batched fp32 matmuls of 1 to 3 rows
-take other kernels (measured), from 4 rows on every row comes out as in a matmul of 1024."""
+ROW_GROUP = 4
+"""Folded query rows per matmul come in whole groups of this many (zero rows added): MKL's fp32
+matmul computes rows four at a time, and the rows of a last, partial group (any row of a 1- to
+3-row product, the fifth of five) take another kernel and other bits (measured row by row on
+4096-row batches); rows in whole groups come out as in a product of any size."""
 CHECKPOINT_SCORES = 1 << 23
 """A training chunk whose scores exceed this many values is recomputed in backward rather than
 kept (a long prompt); smaller ones keep theirs, which is faster."""
@@ -58,7 +60,7 @@ def block_attention(
     rows = group * count
     folded = query.reshape(batch, kv_heads, rows, dim)
     pos = positions[:, None, :].expand(batch, group, count).reshape(batch, 1, rows)
-    padded = max(rows, MIN_ROWS)
+    padded = -(-rows // ROW_GROUP) * ROW_GROUP
     if padded > rows:
         folded = torch.cat([folded, folded.new_zeros(batch, kv_heads, padded - rows, dim)], 2)
         pos = torch.cat([pos, pos.new_zeros(batch, 1, padded - rows)], 2)
@@ -167,14 +169,15 @@ def views_attention(
     where_rows, where_cols, parts = [], [], []
     for views in layout.views:
         row = views.row.to(dev)
-        keys = key.transpose(1, 2)[row[:, None], views.key_columns.to(dev)].transpose(1, 2)
-        values = value.transpose(1, 2)[row[:, None], views.key_columns.to(dev)].transpose(1, 2)
+        key_columns = views.key_columns.to(dev)
+        keys = take_columns(key.transpose(1, 2), row, key_columns).transpose(1, 2)
+        values = take_columns(value.transpose(1, 2), row, key_columns).transpose(1, 2)
         width = views.query_columns.shape[1]
         for first in range(0, width, QUERY_CHUNK):
             cols = views.query_columns[:, first : first + QUERY_CHUNK].to(dev)
             pos = views.query_positions[:, first : first + QUERY_CHUNK].to(dev)
             real = views.query_real[:, first : first + QUERY_CHUNK].to(dev)
-            q = queries[row[:, None], cols].transpose(1, 2)  # [V, qh, chunk, D]
+            q = take_columns(queries, row, cols).transpose(1, 2)  # [V, qh, chunk, D]
             scores = q.shape[0] * q.shape[1] * q.shape[2] * keys.shape[2]
             if torch.is_grad_enabled() and scores > CHECKPOINT_SCORES:
                 attended = torch.utils.checkpoint.checkpoint(
@@ -189,6 +192,20 @@ def views_attention(
             parts.append(attended.transpose(1, 2)[v_idx, c_idx])
     out = queries.new_zeros(queries.shape)
     return out.index_put((torch.cat(where_rows), torch.cat(where_cols)), torch.cat(parts))
+
+
+def take_columns(packed: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """`packed[rows[:, None], columns]` for `[rows, width, ...]`, as one `index_select`.
+
+    Views of one prompt's continuations all read its keys, so the same column is taken many
+    times. Advanced indexing's backward adds such repeats with parallel atomic adds on CPU, in
+    whatever order the threads meet (measured: 30 repeats of one backward, 30 different
+    gradients); `index_select`'s backward adds them in index order.
+    """
+    width = packed.shape[1]
+    flat = packed.reshape(packed.shape[0] * width, *packed.shape[2:])
+    index = (rows[:, None] * width + columns).reshape(-1)
+    return flat.index_select(0, index).view(*columns.shape, *packed.shape[2:])
 
 
 # ------------------------------------------------------------------ decoding

@@ -204,6 +204,12 @@ class HeadScoring:
     def _gather_head(
         self, hidden: torch.Tensor, pos: torch.Tensor, targets: torch.Tensor, groups: list[RowGroup]
     ) -> torch.Tensor:
-        """Log-softmax over the vocabulary for `hidden`, read at `(pos, targets)` pairs."""
-        return self._vocab_logprobs(hidden, groups)[pos, targets]
+        """Log-softmax over the vocabulary for `hidden`, read at `(pos, targets)` pairs.
+
+        Read with one `index_select` of the flattened values: samples of one prompt often share
+        their first token, so a pair repeats, and advanced indexing's backward would add the
+        repeats with parallel atomic adds in whatever order the threads meet."""
+        logprobs = self._vocab_logprobs(hidden, groups)
+        flat = pos * logprobs.shape[-1] + targets
+        return logprobs.reshape(-1).index_select(0, flat)
 

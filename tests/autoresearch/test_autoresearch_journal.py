@@ -66,6 +66,10 @@ def test_compare_finds_a_changed_number_and_ignores_the_clock(tmp_path):
     from autoresearch.study.compare import comparable, compare
 
     assert comparable('{"loss": 1.5, "time": 3.0, "seconds": 2}') == {"loss": 1.5}
+    assert comparable("started from tinker://sess-1f2e:train:0/weights/final") == (
+        "started from tinker://<session>:train:0/weights/final")
+    assert comparable("tinker://sess-1f2e:train:1/weights/x") != comparable(
+        "tinker://sess-1f2e:train:0/weights/x")  # the run and the name still count
     for name, loss, when in (("a", 0.5, 1.0), ("b", 0.5, 2.0), ("c", 0.25, 3.0)):
         journal = Journal(tmp_path / name)
         journal.init_study("s", {"name": "s"})

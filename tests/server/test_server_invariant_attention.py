@@ -12,7 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from server.engine.invariant_attention import KEY_BLOCK, PositionCache, block_attention
+from server.engine.invariant_attention import (
+    KEY_BLOCK,
+    PositionCache,
+    block_attention,
+    take_columns,
+)
 
 
 def _inputs(seed: int, rows: int, q_heads: int, kv_heads: int, length: int, dim: int = 32):
@@ -52,6 +57,11 @@ def test_a_query_gets_the_same_bits_in_any_company():
     # a slice of the queries, and other rows around them
     part = block_attention(q[1:4, :, 40:90], k[1:4], v[1:4], positions[1:4, 40:90], None, 0.2)
     assert torch.equal(part, everything[1:4, :, 40:90])
+    # query counts whose folded rows (2 heads per key head) end in a partial group of four
+    for start, count in ((150, 45), (10, 7), (100, 3), (60, 5)):
+        span = slice(start, start + count)
+        part = block_attention(q[2:3, :, span], k[2:3], v[2:3], positions[2:3, span], None, 0.2)
+        assert torch.equal(part[0], everything[2, :, span]), count
 
 
 def test_a_position_cache_keeps_each_key_at_its_position():
@@ -69,3 +79,21 @@ def test_a_position_cache_keeps_each_key_at_its_position():
     assert torch.equal(keys[0, 0, 5], torch.zeros(4))
     cache.batch_select_indices(torch.tensor([1]))
     assert cache.keys[0].shape[0] == 1 and torch.equal(cache.values[0][0, 0, 5], -torch.ones(4))
+
+
+def test_reading_repeated_columns_gives_the_same_gradient_every_time():
+    """Every continuation view reads its prompt's keys; the gradient of those repeats must be
+    summed in one order (advanced indexing's backward used parallel atomic adds on CPU and gave
+    a different gradient on each of 30 repeats on two threads)."""
+    generator = torch.Generator().manual_seed(0)
+    packed = torch.randn(4, 200, 256, generator=generator, requires_grad=True)
+    rows = torch.tensor([1] * 16)
+    columns = torch.arange(150).expand(16, 150)
+    upstream = torch.randn(16, 150, 256, generator=generator)
+    assert torch.equal(take_columns(packed, rows, columns), packed[rows[:, None], columns])
+    gradients = []
+    for _ in range(10):
+        packed.grad = None
+        take_columns(packed, rows, columns).backward(upstream)
+        gradients.append(packed.grad.clone())
+    assert all(torch.equal(g, gradients[0]) for g in gradients)

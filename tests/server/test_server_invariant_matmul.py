@@ -1,10 +1,12 @@
 """Under invariance a row's product has the same bits whatever rows come with it.
 
-`invariance.linear` is what every base and LoRA layer of the engine multiplies through. Each
-row of a batch is computed alone (one row, the decode step of a sequence whose batch-mates have
-finished), in small batches, and inside a large batch, and compared with `torch.equal`: fp32
-products run in fixed row tiles, and a half-precision product of one row is given a second row
-(a single bf16 row takes a matrix-vector kernel that sums a long row in another order).
+`invariance.linear` is what every base and LoRA layer of the engine multiplies through. A
+kernel that handles some row counts differently shows only on the outputs whose exact value
+lies near a rounding boundary, so each check multiplies thousands of rows: once as one product,
+then in products of 1, 2, 3 and 5 rows (a sequence decoding on alone after its batch-mates
+finished, a few requests), and compares every output with `torch.equal`. Without the padding
+of small bf16 products, one- and two-row products differed on this CPU in a few outputs per
+hundred thousand.
 """
 
 from __future__ import annotations
@@ -14,31 +16,38 @@ import torch
 
 from server.engine import invariance
 
+CHUNK_ROWS = (1, 2, 3, 5)
 
-def _rows_alone_and_batched(dtype: torch.dtype, features: int, outputs: int, seed: int = 0):
-    generator = torch.Generator().manual_seed(seed)
-    weight = (torch.randn(outputs, features, generator=generator) * 0.03).to(dtype)
-    scales = torch.rand(48, 1, generator=generator) * 3
-    rows = (torch.randn(48, features, generator=generator) * scales).to(dtype)
-    filler = torch.randn(300, features, generator=generator).to(dtype)
+
+def _in_chunks(x: torch.Tensor, weight: torch.Tensor, rows: int) -> torch.Tensor:
+    usable = len(x) // rows * rows
+    return torch.cat([invariance.linear(x[i : i + rows], weight, None)
+                      for i in range(0, usable, rows)])
+
+
+def _check_every_row(dtype: torch.dtype, features: int, outputs: int, count: int) -> None:
+    generator = torch.Generator().manual_seed(features * 7 + outputs)
+    weight = (torch.randn(outputs, features, generator=generator) * 0.2).to(dtype)
+    x = torch.randn(count, features, generator=generator).to(dtype)
     with invariance.row_invariant():
-        big = invariance.linear(torch.cat([rows, filler]), weight, None)[: len(rows)]
-        for count in (1, 2, 3, 17):
-            for r in range(len(rows)):
-                company = filler[: count - 1]
-                got = invariance.linear(torch.cat([rows[r : r + 1], company]), weight, None)
-                yield count, r, got[0], big[r]
+        whole = invariance.linear(x, weight, None)
+        for rows in CHUNK_ROWS:
+            chunked = _in_chunks(x, weight, rows)
+            differing = int((chunked != whole[: len(chunked)]).sum())
+            assert differing == 0, f"{differing} outputs differ in {rows}-row products"
 
 
-@pytest.mark.parametrize("features, outputs", [(2048, 640), (640, 2048), (4096, 128)])
-def test_a_half_precision_row_alone_gets_its_bits_in_a_batch(features, outputs):
-    for count, r, alone, batched in _rows_alone_and_batched(torch.bfloat16, features, outputs):
-        assert torch.equal(alone, batched), (count, r)
+@pytest.mark.parametrize(
+    "features, outputs, count",
+    # the test model's narrow projections, then Gemma 3 270M's MLP down-projection
+    [(64, 32, 6144), (32, 64, 6144), (2048, 640, 1024)],
+)
+def test_a_half_precision_row_gets_the_same_bits_in_any_row_count(features, outputs, count):
+    _check_every_row(torch.bfloat16, features, outputs, count)
 
 
-def test_an_fp32_row_gets_the_same_bits_in_any_company():
-    for count, r, alone, batched in _rows_alone_and_batched(torch.float32, 640, 256):
-        assert torch.equal(alone, batched), (count, r)
+def test_an_fp32_row_gets_the_same_bits_in_any_row_count():
+    _check_every_row(torch.float32, 64, 32, 2048)
 
 
 def test_outside_invariance_linear_is_plain_f_linear():
