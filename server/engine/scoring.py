@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.utils.checkpoint
 
+from server.engine.invariant_attention import take_columns
 from server.engine.lora import RowGroup, routing
 
 HEAD_CHUNK = 512
@@ -206,10 +207,9 @@ class HeadScoring:
     ) -> torch.Tensor:
         """Log-softmax over the vocabulary for `hidden`, read at `(pos, targets)` pairs.
 
-        Read with one `index_select` of the flattened values: samples of one prompt often share
-        their first token, so a pair repeats, and advanced indexing's backward would add the
-        repeats with parallel atomic adds in whatever order the threads meet."""
+        Samples of one prompt often share their first token, so a pair can repeat: read as the
+        attention views read repeated keys (`take_columns`), whose backward adds repeats in
+        index order rather than with advanced indexing's parallel atomic adds."""
         logprobs = self._vocab_logprobs(hidden, groups)
-        flat = pos * logprobs.shape[-1] + targets
-        return logprobs.reshape(-1).index_select(0, flat)
+        return take_columns(logprobs, pos, targets[:, None])[:, 0]
 
