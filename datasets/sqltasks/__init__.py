@@ -9,7 +9,7 @@ from rewards import Task, extract_sql
 from sqltasks.corpus import load_corpus, to_task
 from sqltasks.domains import BLUEPRINTS, SPLITS
 from sqltasks.loaders import LoadReport, load_bird, load_gretel, load_spider
-from sqltasks.prompt import STOP_SEQUENCES, render_prompt, schema_lines
+from sqltasks.prompt import STOP_SEQUENCES, SchemaView, render_prompt, schema_lines, schema_text
 from sqltasks.templates import TIERS
 from sqltasks.tiers import classify_tier
 
@@ -17,6 +17,7 @@ __all__ = [
     "BLUEPRINTS",
     "SPLITS",
     "STOP_SEQUENCES",
+    "SchemaView",
     "TIERS",
     "LoadReport",
     "Task",
@@ -28,5 +29,6 @@ __all__ = [
     "load_spider",
     "render_prompt",
     "schema_lines",
+    "schema_text",
     "to_task",
 ]

@@ -1,7 +1,8 @@
 """Prompts are compact, dialect-explicit, and a base model's continuation extracts cleanly."""
 
 from rewards import Task, extract_sql
-from sqltasks import load_corpus, render_prompt, schema_lines
+from sqltasks import SchemaView, load_corpus, render_prompt, schema_lines, schema_text
+from sqltasks.prompt import relevance
 
 SETUP = (
     "CREATE TABLE shops (id INTEGER PRIMARY KEY, name VARCHAR);\n"
@@ -40,3 +41,41 @@ def test_chat_prompt_uses_gemma_turns():
 def test_corpus_prompts_are_short():
     longest = max(len(render_prompt(t)) for t in load_corpus("test"))
     assert longest < 900  # a few hundred tokens at most for a 270M model on CPU
+
+
+def test_keys_are_shown_and_comments_in_a_setup_hide_nothing():
+    setup = "-- the shop's data; two tables\n" + SETUP
+    lines = schema_lines(setup).splitlines()
+    assert len(lines) == 2 and "PRIMARY KEY" in lines[0] and "REFERENCES shops" in lines[1]
+
+
+def test_sample_rows_follow_each_table_and_respect_the_cap():
+    task = Task(setup_sql=SETUP, question="Total sales?", gold_sql="SELECT SUM(amount) FROM sales")
+    text = schema_text(task, SchemaView(sample_rows=1))
+    lines = text.splitlines()
+    assert lines[1] == "-- e.g. (1, 'a;b')" and lines[3] == "-- e.g. (1, 1, 2.50)"
+    cap = len(lines[0]) + len(lines[1]) + len(lines[2]) + 2 + 5
+    capped = schema_text(task, SchemaView(sample_rows=1, max_chars=cap))
+    assert capped.splitlines() == lines[:3]  # the second table's rows would pass the cap
+    assert len(capped) <= cap
+
+
+def test_a_long_schema_keeps_the_tables_the_question_names():
+    transfer = {t.question: t for t in load_corpus("transfer")}
+    task = transfer["Which cities have more than two users?"]
+    full = schema_text(task)
+    text = schema_text(task, SchemaView(max_chars=700))
+    assert len(full) > 700 and len(text) <= 700 + 40
+    assert "CREATE TABLE users" in text and "more tables not shown" in text
+    junction = transfer["Which tickets are tagged billing? Give their subjects."]
+    kept = schema_text(junction, SchemaView(max_chars=900))
+    for table in ("Tickets", "Tags", "TicketTags"):
+        assert f"CREATE TABLE {table} " in kept
+    # Without a cap, or under it, the schema is whole and in its own order.
+    assert schema_text(task, SchemaView(max_chars=100_000)) == full == schema_lines(task.setup_sql)
+
+
+def test_relevance_links_question_words_to_identifiers_in_any_style():
+    line = "CREATE TABLE TicketTags (TicketId INT, TagId INT);"
+    assert relevance("Which tickets carry the tag 'bug'?", line) == 6.0  # 2 x name + columns
+    assert relevance("How many vehicles are there?", line) == 0.0
