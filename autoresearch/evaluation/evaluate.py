@@ -18,7 +18,7 @@ from tinker import types
 
 from autoresearch.evaluation.stats import Estimate, wilson
 from rewards import RewardConfig, RewardPool, ScoreResult, Task
-from sqltasks import STOP_SEQUENCES, render_prompt
+from sqltasks import STOP_SEQUENCES, SchemaView, render_prompt
 
 
 @dataclass
@@ -47,8 +47,9 @@ class EvalResult:
         }
 
 
-def prompt_tokens(tokenizer: Any, task: Task, style: str) -> list[int]:
-    return list(tokenizer.encode(render_prompt(task, style)))
+def prompt_tokens(tokenizer: Any, task: Task, style: str,
+                  view: SchemaView | None = None) -> list[int]:
+    return list(tokenizer.encode(render_prompt(task, style, view=view)))
 
 
 def sample_completions(
@@ -60,6 +61,7 @@ def sample_completions(
     num_samples: int = 1,
     temperature: float = 0.0,
     seed: int = 0,
+    view: SchemaView | None = None,
 ) -> list[list[Any]]:
     """Submit every prompt at once (the server batches them), then collect in order."""
     params = types.SamplingParams(
@@ -67,7 +69,7 @@ def sample_completions(
     )
     futures = [
         sampler.sample(
-            types.ModelInput.from_ints(prompt_tokens(tokenizer, task, style)),
+            types.ModelInput.from_ints(prompt_tokens(tokenizer, task, style, view)),
             num_samples=num_samples,
             sampling_params=params,
         )
@@ -130,9 +132,10 @@ def evaluate(
     reward: RewardConfig,
     style: str = "base",
     max_tokens: int = 96,
+    view: SchemaView | None = None,
 ) -> EvalResult:
     """Greedy decoding on `tasks`, scored in the sandbox."""
-    sequences = sample_completions(sampler, tokenizer, tasks, style, max_tokens)
+    sequences = sample_completions(sampler, tokenizer, tasks, style, max_tokens, view=view)
     completions = [tokenizer.decode(seqs[0].tokens) for seqs in sequences]
     results = pool.score_many(list(zip(completions, tasks)), reward)
     return summarise(split, tasks, results, completions)

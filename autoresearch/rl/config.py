@@ -97,6 +97,9 @@ class EvalConfig(_Strict):
     dev_tasks: int = Field(64, ge=0, le=100_000)
     """The fixed dev subset every trial is scored on (0: no dev evaluation)."""
     test_tasks: int = Field(200, ge=0, le=100_000)
+    transfer_tasks: int = Field(0, ge=0, le=100_000)
+    """Tasks of the hand-written transfer split (databases no corpus has) scored wherever test
+    is (at the end, and before and after SFT with `baseline`); 0: none."""
     """Test tasks a standalone trial scores at its end. In a study, trials read dev only and
     this sizes the study's single final test check (best against the base config)."""
     max_tokens: int = Field(96, ge=1, le=4096)
@@ -110,6 +113,16 @@ class EvalConfig(_Strict):
     cheaper, still fixed, subset: what pruning reads); default: all of them."""
 
 
+class PromptConfig(_Strict):
+    """How much of each database the prompt shows (see `sqltasks.prompt.SchemaView`)."""
+
+    sample_rows: int = Field(0, ge=0, le=20)
+    """Rows shown under each table's CREATE statement."""
+    max_schema_chars: int | None = Field(None, ge=200, le=100_000)
+    """Cap on the schema text: past it, the tables least related to the question are left
+    out. None: the whole schema, as before."""
+
+
 class TrialConfig(_Strict):
     name: str = "trial"
     base_model: str = "google/gemma-3-270m"
@@ -120,6 +133,9 @@ class TrialConfig(_Strict):
     seed: int = Field(0, ge=0)
     prompt_style: Literal["base", "chat"] = "base"
     corpus_seed: int = Field(0, ge=0)
+    corpus: Literal["twotable", "multitable"] = "twotable"
+    """The generated corpus trials train and are scored on (`sqltasks.load_corpus`)."""
+    prompt: PromptConfig = PromptConfig()
     sft: SFTConfig = SFTConfig()
     rl: RLConfig = RLConfig()
     reward: RewardConfig = Field(default_factory=RewardConfig)

@@ -50,7 +50,8 @@ def find_tasks(config: TrialConfig, split: str, ids: list[str]) -> dict[str, Tas
     from sqltasks import load_corpus
 
     wanted = set(ids)
-    return {t.id: t for t in load_corpus(split, config.corpus_seed) if t.id in wanted}
+    return {t.id: t for t in load_corpus(split, config.corpus_seed, corpus=config.corpus)
+            if t.id in wanted}
 
 
 def inspect_samples(directory: str | Path, split: str = "dev", stage: str = "final",

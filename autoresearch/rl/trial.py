@@ -32,7 +32,7 @@ from autoresearch.rl.advantages import group_advantages, is_constant, kl_estimat
 from autoresearch.rl.config import AdamConfig, TrialConfig
 from autoresearch.rl.record import TrialRecord
 from rewards import RewardPool, ScoreResult, Task
-from sqltasks import STOP_SEQUENCES, load_corpus
+from sqltasks import STOP_SEQUENCES, SchemaView, load_corpus
 
 log = logging.getLogger(__name__)
 
@@ -168,11 +168,25 @@ class Trial:
         self._tokenizer: Any = None
 
     # ------------------------------------------------------------ setup
+    @property
+    def _view(self) -> SchemaView | None:
+        p = self.config.prompt
+        if not p.sample_rows and p.max_schema_chars is None:
+            return None
+        return SchemaView(sample_rows=p.sample_rows, max_chars=p.max_schema_chars)
+
+    def _transfer(self) -> list[Task]:
+        c = self.config
+        tasks = load_corpus("transfer")
+        if c.eval.transfer_tasks >= len(tasks):
+            return tasks
+        return _rng(c.corpus_seed, "transfer").sample(tasks, k=c.eval.transfer_tasks)
+
     def _tasks(self) -> tuple[list[Task], list[Task], list[Task]]:
         c = self.config
-        train = load_corpus("train", c.corpus_seed)
-        dev_all = load_corpus("dev", c.corpus_seed)
-        test_all = load_corpus("test", c.corpus_seed)
+        train = load_corpus("train", c.corpus_seed, corpus=c.corpus)
+        dev_all = load_corpus("dev", c.corpus_seed, corpus=c.corpus)
+        test_all = load_corpus("test", c.corpus_seed, corpus=c.corpus)
         # Fixed subsets (a function of the corpus seed only): every trial is scored on the same
         # tasks, so trials can be compared pairwise.
         dev = _rng(c.corpus_seed, "dev").sample(dev_all, k=min(c.eval.dev_tasks, len(dev_all)))
@@ -245,10 +259,13 @@ class Trial:
             ).result()
         tokenizer = self._tokenizer_for(training)
         train, dev, test = self._tasks()
+        transfer = self._transfer() if c.eval.transfer_tasks else []
         tokens = resume.tokens if resume else 0
         if resume is None and c.eval.baseline:
             base = service.create_sampling_client(base_model=c.base_model).result()
             self._eval(base, tokenizer, test, "test", stage="base")
+            if transfer:
+                self._eval(base, tokenizer, transfer, "transfer", stage="base")
         if resume is None and c.eval.start:
             start = training.save_weights_and_get_sampling_client().result()
             self._eval(start, tokenizer, dev, "dev", stage="start", step=0)
@@ -259,6 +276,10 @@ class Trial:
         if c.sft.steps and c.eval.baseline and (resume is None or resume.phase == "sft"):
             sampler = training.save_weights_and_get_sampling_client().result()
             self._eval(sampler, tokenizer, test, "test", stage="sft")
+            if dev and c.eval.start:
+                self._eval(sampler, tokenizer, dev, "dev", stage="sft", step=0)
+            if transfer:
+                self._eval(sampler, tokenizer, transfer, "transfer", stage="sft")
         rl_start = resume.step if resume is not None and resume.phase == "rl" else 0
         reference = None
         if c.rl.kl_coef > 0 and c.rl.steps:
@@ -280,6 +301,8 @@ class Trial:
         final_dev = (self._eval(sampler, tokenizer, dev, "dev", stage="final", step=c.rl.steps)
                      if dev else None)
         final_test = self._eval(sampler, tokenizer, test, "test", stage="final") if test else None
+        final_transfer = (self._eval(sampler, tokenizer, transfer, "transfer", stage="final")
+                          if transfer else None)
         checkpoint = training.save_state("final").result().path
         entries = self.record.entries()
         first = entries[0]["time"] if entries else started
@@ -288,6 +311,7 @@ class Trial:
             "final",
             dev=final_dev.summary() if final_dev else None,
             test=final_test.summary() if final_test else None,
+            transfer=final_transfer.summary() if final_transfer else None,
             steps=c.sft.steps + c.rl.steps,
             tokens=tokens,
             wall_seconds=round(elapsed, 3),
@@ -349,7 +373,7 @@ class Trial:
         batch = _rng(c.seed, "sft", step).sample(pool, k=min(c.sft.batch_size, len(pool)))
         datums, n_tokens = [], 0
         for task in batch:
-            prompt = prompt_tokens(tokenizer, task, c.prompt_style)
+            prompt = prompt_tokens(tokenizer, task, c.prompt_style, self._view)
             completion = list(
                 tokenizer.encode(gold_completion(task, c.prompt_style), add_special_tokens=False)
             )
@@ -385,7 +409,7 @@ class Trial:
         t0 = time.time()
         sampler = training.save_weights_and_get_sampling_client().result()
         tasks = _rng(c.seed, "rl", step).sample(train, k=min(rl.prompts_per_step, len(train)))
-        prompts = [prompt_tokens(tokenizer, task, c.prompt_style) for task in tasks]
+        prompts = [prompt_tokens(tokenizer, task, c.prompt_style, self._view) for task in tasks]
         stop = list(STOP_SEQUENCES[c.prompt_style])
         sample_futures = [
             sampler.sample(
@@ -545,6 +569,7 @@ class Trial:
             self.config.reward,
             self.config.prompt_style,
             self.config.eval.max_tokens,
+            view=self._view,
         )
         entry = self.record.append(
             "eval", stage=stage, step=step, seconds=round(time.time() - started, 3),
