@@ -11,6 +11,7 @@ error rates it measures are those of the code that decides real studies.
 from __future__ import annotations
 
 import random
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -122,6 +123,20 @@ def bank_runs(trials: Sequence[Trial]) -> list[Trial] | Wait:
         return Wait("the seed bank is still running")
     baseline = [t for t in trials if t["role"] == "baseline"]
     return [t for t in baseline + bank if t["status"] != "crashed" and t.get("dev")]
+
+
+def bank_run_sd(trials: Sequence[Trial]) -> tuple[float, int] | None:
+    """The run-to-run SD of the base config's dev accuracy and its degrees of freedom, once the
+    seed bank has finished (None before, or with fewer than two finished runs)."""
+    if not any(t["role"] == "bank" for t in trials):
+        return None
+    runs = bank_runs(trials)
+    if isinstance(runs, Wait):
+        return None
+    scores = [float(t["dev_accuracy"]) for t in runs if t.get("dev_accuracy") is not None]
+    if len(scores) < 2:
+        return None
+    return statistics.stdev(scores), len(scores) - 1
 
 
 def next_candidate(trials: Sequence[Trial]) -> Trial | None:

@@ -7,7 +7,9 @@ says whether the trial would be promoted. Intermediate scores on a few dozen tas
 a pruner's "stop" is obeyed only when the trial is also behind the best score any other trial
 reached at the same step by more than `margin_z` standard errors of a difference of two
 accuracies on that subset (`NoiseMarginPruner`); otherwise the search would prune its best
-candidates by chance.
+candidates by chance. Each run also has luck of its own, shared by all its tasks: the standard
+error includes the run-to-run variance of both runs, from `pruning.run_sd` until the study's
+seed bank has measured its own (`StudyPruning.set_run_sd`).
 
 Only explored candidates are ever pruned. The baseline and the keep rule's confirmation re-runs
 report their scores (they are what candidates are compared with) but always run to the end: a
@@ -47,13 +49,15 @@ class TrialPruned(TrialStopped):
 
 class NoiseMarginPruner(BasePruner):
     """Prunes only when `inner` would and the trial trails the best score at the same step by
-    more than `margin_z` binomial standard errors (accuracies on `n` tasks, smoothed so a score
-    of 0 still has a width)."""
+    more than `margin_z` standard errors of the difference: binomial (accuracies on `n` tasks,
+    smoothed so a score of 0 still has a width) plus each run's own luck (`run_sd`, the SD of
+    a run's accuracy between seeds)."""
 
-    def __init__(self, inner: BasePruner, n: int, margin_z: float):
+    def __init__(self, inner: BasePruner, n: int, margin_z: float, run_sd: float = 0.0):
         self.inner = inner
         self.n = n
         self.margin_z = margin_z
+        self.run_sd = run_sd
         self.last: dict[int, dict[str, float]] = {}
         """Per Optuna trial number: the numbers of its latest pruning decision."""
 
@@ -69,21 +73,22 @@ class NoiseMarginPruner(BasePruner):
         if not others:
             return False
         best = max(others)
-        margin = self.margin_z * _se_difference(best, value, self.n)
+        margin = self.margin_z * _se_difference(best, value, self.n, self.run_sd)
         self.last[trial.number] = {"step": step, "value": value, "best": best,
-                                   "margin": margin, "n": self.n}
+                                   "margin": margin, "n": self.n, "run_sd": self.run_sd}
         return best - value > margin
 
 
-def _se_difference(p: float, q: float, n: int) -> float:
+def _se_difference(p: float, q: float, n: int, run_sd: float = 0.0) -> float:
     def var(x: float) -> float:
         s = (x * n + 1) / (n + 2)  # add-one smoothing: 0/24 is not a certainty
         return s * (1 - s) / n
 
-    return math.sqrt(var(p) + var(q))
+    return math.sqrt(var(p) + var(q) + 2 * run_sd**2)
 
 
-def make_pruner(spec: PruningSpec, n: int, max_resource: int) -> BasePruner | None:
+def make_pruner(spec: PruningSpec, n: int, max_resource: int,
+                run_sd: float | None = None) -> BasePruner | None:
     if spec.kind == "none":
         return None
     if spec.kind == "successive_halving":
@@ -92,16 +97,20 @@ def make_pruner(spec: PruningSpec, n: int, max_resource: int) -> BasePruner | No
     else:
         inner = HyperbandPruner(min_resource=spec.min_resource, max_resource=max_resource,
                                 reduction_factor=spec.reduction_factor)
-    return NoiseMarginPruner(inner, n, spec.margin_z)
+    return NoiseMarginPruner(inner, n, spec.margin_z,
+                             spec.run_sd if run_sd is None else run_sd)
 
 
 class StudyPruning:
     """The study's pruning state: which Optuna trial stands for which study trial."""
 
-    def __init__(self, spec: PruningSpec, n: int, max_resource: int, rounds: bool = False):
+    def __init__(self, spec: PruningSpec, n: int, max_resource: int, rounds: bool = False,
+                 run_sd: float | None = None):
         self.spec = spec
         self._n, self._max_resource = n, max_resource
-        self.pruner = make_pruner(spec, n, max_resource)
+        self.run_sd = spec.run_sd if run_sd is None else run_sd
+        """The run-to-run SD in the noise margin: the spec's prior, then the seed bank's."""
+        self.pruner = make_pruner(spec, n, max_resource, self.run_sd)
         self._lock = threading.Lock()
         self._trials: dict[str, optuna.Trial] = {}
         self._steps: dict[str, set[int]] = {}
@@ -125,10 +134,20 @@ class StudyPruning:
         """Rounds: this trial's own pruning state, the round's base replayed in trial order."""
         own = self._private.get(trial_id)
         if own is None:
-            own = self._private[trial_id] = StudyPruning(self.spec, self._n, self._max_resource)
+            own = self._private[trial_id] = StudyPruning(self.spec, self._n, self._max_resource,
+                                                         run_sd=self.run_sd)
             trials, evals = self._base
             own.replay(sorted(trials, key=lambda t: t["number"]), evals, in_order=True)
         return own
+
+    def set_run_sd(self, run_sd: float) -> None:
+        """Use this run-to-run SD (the seed bank's) in every later pruning decision."""
+        with self._lock:
+            self.run_sd = run_sd
+            for state in (self, *self._private.values()):
+                state.run_sd = run_sd
+                if isinstance(state.pruner, NoiseMarginPruner):
+                    state.pruner.run_sd = run_sd
 
     @property
     def enabled(self) -> bool:
@@ -149,7 +168,8 @@ class StudyPruning:
             if prune and role in PRUNABLE_ROLES and numbers is not None:
                 return {**numbers, "rule": f"{self.spec.kind} (reduction factor "
                         f"{self.spec.reduction_factor}, min {self.spec.min_resource} steps) "
-                        f"and behind by more than {self.spec.margin_z:g} SE"}
+                        f"and behind by more than {self.spec.margin_z:g} SE, run-to-run SD "
+                        f"{numbers['run_sd']:.3f} included"}
             return None
 
     def _record(self, trial_id: str, step: int, value: float) -> bool:

@@ -47,6 +47,7 @@ from autoresearch.study.confirmation import (
     StudyFailed,
     Wait,
     against_warmup,
+    bank_run_sd,
     evidence_seeds,
     next_decision,
     test_arms,
@@ -238,7 +239,21 @@ class StudyRunner:
 
     def _replay_pruning(self) -> None:
         if self.pruning.enabled:
+            self._measured_run_sd(quiet=True)
             self.pruning.replay(self.journal.trials(), self._intermediate_evals())
+
+    def _measured_run_sd(self, quiet: bool = False) -> None:
+        """Once the seed bank has finished, its run-to-run SD replaces the spec's prior in the
+        pruning margin (journaled once, when it first applies)."""
+        measured = bank_run_sd(self.journal.trials()) if self.pruning.enabled else None
+        if measured is None or measured[0] == self.pruning.run_sd:
+            return
+        prior = self.pruning.run_sd
+        self.pruning.set_run_sd(measured[0])
+        if not quiet:
+            self.journal.event(
+                "pruning margin", f"the noise margin now includes the seed bank's run-to-run SD "
+                f"{measured[0]:.3f} ({measured[1]} df) in place of the prior {prior:.3f}")
 
     def _intermediate_evals(self) -> dict[str, list[tuple[int, float]]]:
         """Every trial's dev scores during training, `(RL step, accuracy)`, from the journal."""
@@ -652,6 +667,7 @@ class StudyRunner:
             steps=result.steps, tokens=result.tokens, wall_seconds=result.wall_seconds,
             checkpoint=result.checkpoint, progress=last)
         self.pruning.finish(trial_id, acc.get("value"))
+        self._measured_run_sd()
         log.info("trial %s done: dev accuracy %s", trial_id, acc.get("value"))
         self._trace_trial(trial_id, row["config"], row["rationale"], acc, result.steps,
                           result.tokens, result.wall_seconds)

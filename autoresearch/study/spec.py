@@ -139,6 +139,9 @@ class PruningSpec(_Strict):
     reduction_factor: int = Field(3, ge=2, le=100)
     margin_z: float = Field(1.0, ge=0, le=10)
     """Noise margin: standard errors of the difference of two accuracies on the subset."""
+    run_sd: float = Field(0.0, ge=0, le=0.5)
+    """Run-to-run SD of a run's accuracy (a fraction: 0.029 is 2.9 points) that the margin
+    includes until the study's seed bank has measured its own; then the bank's is used."""
 
 
 class TracingSpec(_Strict):

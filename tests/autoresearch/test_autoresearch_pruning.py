@@ -11,6 +11,7 @@ from pathlib import Path
 import optuna
 
 from autoresearch.study.compare import compare
+from autoresearch.study.confirmation import bank_run_sd
 from autoresearch.study.journal import Journal
 from autoresearch.study.pruning import NoiseMarginPruner, StudyPruning
 from autoresearch.study.runner import resume_study, run_study
@@ -149,3 +150,55 @@ def test_in_rounds_a_trial_is_pruned_only_against_earlier_rounds():
     pruning.start_round(finished, {"t0001": [(2, 0.9)], "t0002": [(2, 0.0)]})
     stopped = pruning.report("t0003", "explore", 2, 0.0)
     assert stopped is not None and stopped["best"] == 0.9
+
+
+def test_run_to_run_luck_widens_the_margin_from_the_prior_then_the_seed_bank():
+    spec = PruningSpec(kind="successive_halving", every=2, min_resource=2, margin_z=1.0)
+    # 0.30 vs 0.15 on 48 tasks: behind by about 1.8 binomial SEs, so pruned without run luck.
+    tasks_only = StudyPruning(spec, n=48, max_resource=6)
+    tasks_only.report("t0001", "baseline", 2, 0.30)
+    assert tasks_only.report("t0002", "explore", 2, 0.15) is not None
+    # A run-to-run SD of 10 points (each run's own luck) makes that gap noise.
+    lucky = StudyPruning(spec.model_copy(update={"run_sd": 0.10}), n=48, max_resource=6)
+    lucky.report("t0001", "baseline", 2, 0.30)
+    assert lucky.report("t0002", "explore", 2, 0.15) is None
+    # The seed bank's measurement replaces the prior for every later decision, rounds too.
+    rounds = StudyPruning(spec, n=48, max_resource=6, rounds=True)
+    finished = [{"id": "t0001", "number": 1, "role": "baseline", "finished": 1.0,
+                 "dev_accuracy": 0.30, "status": "done"}]
+    rounds.start_round(finished, {"t0001": [(2, 0.30)]})
+    rounds.set_run_sd(0.10)
+    assert rounds.report("t0002", "explore", 2, 0.15) is None
+    rounds.set_run_sd(0.0)
+    stopped = rounds.report("t0003", "explore", 2, 0.15)
+    assert stopped is not None and stopped["run_sd"] == 0.0
+
+
+def test_the_seed_banks_sd_is_known_only_once_the_bank_has_finished():
+    def row(role: str, status: str, acc: float | None) -> dict:
+        return {"role": role, "status": status, "dev_accuracy": acc,
+                "dev": {"verdicts": {}} if acc is not None else None}
+
+    trials = [row("baseline", "kept", 0.10), row("explore", "done", 0.5)]
+    assert bank_run_sd(trials) is None  # no bank yet
+    trials += [row("bank", "done", 0.14), row("bank", "running", None)]
+    assert bank_run_sd(trials) is None  # still running
+    trials[-1] = row("bank", "done", 0.12)
+    sd, df = bank_run_sd(trials)
+    assert df == 2 and abs(sd - 0.02) < 1e-12
+
+
+def test_a_study_swaps_the_prior_for_its_seed_banks_sd_and_journals_it(tmp_path: Path):
+    spec = {"budget": {"max_trials": 6, "confirm_seeds": 1, "max_confirm_trials": 4,
+                       "seed_bank": 3},
+            "pruning": {**PRUNING, "run_sd": 0.01},
+            "search_space": {"rl.adam.learning_rate": {"choices": [1e-4, 2e-4, 1e-6]}}}
+    run_study(_study("bank-margin", **spec), tmp_path,
+              executor=SyntheticExecutor(lambda c: 0.3 + 0.1 * (c.rl.adam.learning_rate > 1e-4)))
+    journal = Journal(tmp_path, read_only=True)
+    measured = bank_run_sd(journal.trials())
+    assert measured is not None
+    events = [e for e in journal.events() if e["kind"] == "pruning margin"]
+    assert len(events) == 1
+    assert f"run-to-run SD {measured[0]:.3f} ({measured[1]} df)" in events[0]["message"]
+    assert "in place of the prior 0.010" in events[0]["message"]
