@@ -74,38 +74,65 @@ Template = Callable[[Database, Table, random.Random], Iterator[Candidate]]
 
 
 # -------------------------------------------------------------- single table
+def _value(v: str, rng: random.Random) -> str:
+    """A literal as people write it in a question: quoted or not."""
+    return _s(v) if rng.random() < 0.5 else v
+
+
+def _projection(t: Table, rng: random.Random) -> tuple[str, str]:
+    """What a listing question asks for and its SELECT list: usually the rows' names,
+    sometimes their ids, or both."""
+    show, roll = t.display.field.phrase, rng.random()
+    if roll < 0.6:
+        return f"Give their {show}.", quote(t.display.name)
+    if roll < 0.8:
+        return "Give their ids.", quote(t.key)
+    return f"Give their ids and {_plural(show)}.", f"{quote(t.key)}, {quote(t.display.name)}"
+
+
 def filters(db: Database, t: Table, rng: random.Random) -> Iterator[Candidate]:
     if not _named(t):
         return
     singular, plural = _words(t)
-    show, name = t.display.field.phrase, quote(t.name)
+    name = quote(t.name)
+
+    def listing(key: str, forms: list[str], where: str) -> Candidate:
+        ask, columns = _projection(t, rng)
+        return Candidate("filter", key, f"{rng.choice(forms)} {ask}",
+                         f"SELECT {columns} FROM {name} WHERE {where}")
+
     for c in _kind(t, "cat", "city"):
-        v = rng.choice(_values(db, t, c))
-        yield Candidate("filter", "filter_category",
-                        f"Which {plural} have {c.field.phrase} {_s(v)}? Give their {show}.",
-                        f"SELECT {quote(t.display.name)} FROM {name} "
-                        f"WHERE {quote(c.name)} = {_s(v)}")
+        v, p = rng.choice(_values(db, t, c)), c.field.phrase
+        w = _value(v, rng)
+        yield listing("filter_category", [f"Which {plural} have {p} {w}?",
+                                          f"List the {plural} whose {p} is {w}.",
+                                          f"Find every {singular} with {p} {w}."],
+                      f"{quote(c.name)} = {_s(v)}")
     for c in _kind(t, "int", "money"):
         x = statistics.median(_values(db, t, c))
         x = round(x) if c.field.kind == "int" else round(float(x), 1)
-        yield Candidate("filter", "filter_number",
-                        f"Which {plural} have a {c.field.phrase} above {x}? Give their {show}.",
-                        f"SELECT {quote(t.display.name)} FROM {name} WHERE {quote(c.name)} > {x}")
+        p = c.field.phrase
+        yield listing("filter_number", [f"Which {plural} have a {p} above {x}?",
+                                        f"List the {plural} with {p} greater than {x}.",
+                                        f"Find the {plural} whose {p} exceeds {x}."],
+                      f"{quote(c.name)} > {x}")
     for c in [c for c in t.attributes if c.field.nullable]:
-        yield Candidate("filter", "filter_null",
-                        f"Which {plural} have no {c.field.phrase} recorded? Give their {show}.",
-                        f"SELECT {quote(t.display.name)} FROM {name} WHERE {quote(c.name)} IS NULL")
+        p = c.field.phrase
+        yield listing("filter_null", [f"Which {plural} have no {p} recorded?",
+                                      f"List the {plural} whose {p} is missing.",
+                                      f"Find the {plural} with an unknown {p}."],
+                      f"{quote(c.name)} IS NULL")
     for c in _kind(t, "date"):
-        year = rng.choice(_values(db, t, c)).year
-        yield Candidate("filter", "filter_year",
-                        f"List the {_plural(show)} of {plural} whose {_date_phrase(c)} is in "
-                        f"{year}.",
-                        f"SELECT {quote(t.display.name)} FROM {name} "
-                        f"WHERE EXTRACT(YEAR FROM {quote(c.name)}) = {year}")
+        year, p = rng.choice(_values(db, t, c)).year, _date_phrase(c)
+        yield listing("filter_year", [f"Which {plural} have a {p} in {year}?",
+                                      f"List the {plural} whose {p} falls in {year}."],
+                      f"EXTRACT(YEAR FROM {quote(c.name)}) = {year}")
     for c in _kind(t, "bool"):
-        yield Candidate("filter", "filter_flag",
-                        f"Which {plural} are marked {c.field.phrase}? Give their {show}.",
-                        f"SELECT {quote(t.display.name)} FROM {name} WHERE {quote(c.name)}")
+        p = c.field.phrase
+        yield listing("filter_flag", [f"Which {plural} are marked {p}?",
+                                      f"List the {plural} that are {p}.",
+                                      f"Find the {plural} flagged {p}."],
+                      quote(c.name))
 
 
 def aggregates(db: Database, t: Table, rng: random.Random) -> Iterator[Candidate]:
@@ -113,8 +140,11 @@ def aggregates(db: Database, t: Table, rng: random.Random) -> Iterator[Candidate
     name = quote(t.name)
     for c in _kind(t, "cat", "city"):
         v = rng.choice(_values(db, t, c))
+        w, p = _value(v, rng), c.field.phrase
         yield Candidate("aggregate", "count_where",
-                        f"How many {plural} have {c.field.phrase} {_s(v)}?",
+                        rng.choice([f"How many {plural} have {p} {w}?",
+                                    f"Count the {plural} whose {p} is {w}.",
+                                    f"What is the number of {plural} with {p} {w}?"]),
                         f"SELECT COUNT(*) FROM {name} WHERE {quote(c.name)} = {_s(v)}")
         for n in _kind(t, "int", "money"):
             yield Candidate("aggregate", "max_where",
