@@ -15,6 +15,8 @@ rate with 95% Wilson intervals per split and stage, and the paired stage-to-stag
         --sft-steps 120 --rl-steps 60 --prompts 16 --group 8   # the recipe on a GPU
 
 Resumable: rerun with the same `--out` and the trial resumes from its last checkpoint.
+`--rescore` scores a finished run's saved weights (the base model, after SFT, after RL) again
+on the transfer split as it stands, without training: for when the split's text has changed.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from autoresearch.evaluation.stats import paired_difference, wilson
 from autoresearch.rl.config import TrialConfig
-from autoresearch.rl.record import TrialRecord
+from autoresearch.rl.record import CONFIG_FILE, TrialRecord
 from autoresearch.rl.trial import run_trial
 from rewards import RewardPool
 from server.entrypoints.runtime import ServerConfig, ServerThread
@@ -59,8 +63,14 @@ def trial_config(args: argparse.Namespace) -> TrialConfig:
                  "test_tasks": 4 if quick else args.test_tasks,
                  "transfer_tasks": 6 if quick else args.transfer_tasks,
                  "max_tokens": args.max_tokens, "baseline": True, "start": True},
+        "reward": {"weights": dict(args.reward_weight)},
         "checkpoint_every": 5,
     })
+
+
+def _weight(text: str) -> tuple[str, float]:
+    name, _, value = text.partition("=")
+    return name, float(value)
 
 
 def _rate(hits: list[bool]) -> str:
@@ -99,9 +109,43 @@ def table(record: TrialRecord) -> tuple[str, dict[str, Any]]:
     return "\n".join(lines), numbers
 
 
+def rescore(out: Path, server_config: ServerConfig) -> str:
+    """The transfer rows again, from the finished run's saved SFT and final weights (and the
+    base model), each scored on the transfer split as it stands now."""
+    record = TrialRecord(out / "transfer-learning")
+    config = TrialConfig.model_validate(yaml.safe_load((record.dir / CONFIG_FILE).read_text()))
+    final = record.final()
+    if final is None:
+        raise SystemExit(f"{out} holds no finished run to rescore")
+    sft = next(c["path"] for c in record.of_type("checkpoint")
+               if c["phase"] == "sft" and c["step"] == config.sft.steps)
+    rows = {}
+    with ServerThread(server_config) as server, RewardPool() as pool:
+        for stage, path in (("sft", sft), ("final", final["checkpoint"])):
+            job = config.with_changes({
+                "name": f"rescore-{stage}", "init_checkpoint": path, "sft.steps": 0,
+                "rl.steps": 0, "eval.dev_tasks": 0, "eval.test_tasks": 0, "eval.start": False,
+                "eval.baseline": stage == "sft", "eval.transfer_tasks": 100_000})
+            run_trial(job, out / "rescore" / stage, server.url, "tml-bench", pool=pool)
+            for e in TrialRecord(out / "rescore" / stage).of_type("eval"):
+                if e["split"] == "transfer":
+                    rows["base" if e["stage"] == "base" else stage] = e
+    lines = ["| split | stage | n | correct (EX) [95% CI] | executes [95% CI] |",
+             "|---|---|---|---|---|"]
+    for stage, label in STAGES:
+        e = rows[stage]
+        n = len(e["verdicts"])
+        executes = round(e["execute_rate"] * n)
+        lines.append(f"| transfer | {label} | {n} | {_rate(list(e['verdicts'].values()))} | "
+                     f"{_rate([True] * executes + [False] * (n - executes))} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rescore", action="store_true",
+                        help="score a finished run's weights on the transfer split again")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--model", default=None, help="server model (default: embedded Gemma)")
     parser.add_argument("--base-model", default="google/gemma-3-270m",
@@ -121,6 +165,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=80)
     parser.add_argument("--sample-rows", type=int, default=0)
     parser.add_argument("--max-schema-chars", type=int, default=1200)
+    parser.add_argument("--reward-weight", type=_weight, action="append", default=[],
+                        metavar="NAME=VALUE", help="a reward component's weight in RL, e.g. "
+                        "schema_linking=0.3 (repeatable; the others keep their defaults)")
     parser.add_argument("--dev-tasks", type=int, default=48)
     parser.add_argument("--test-tasks", type=int, default=48)
     parser.add_argument("--transfer-tasks", type=int, default=150)
@@ -132,6 +179,11 @@ def main() -> None:
     started = time.time()
     server_config = ServerConfig(port=0, data_dir=out / "server", model=args.model,
                                  device=args.device)
+    if args.rescore:
+        text = rescore(out, server_config)
+        print(f"\nrescored {out} in {time.time() - started:.0f} s; load average "
+              f"{os.getloadavg()}\n\n{text}")
+        return
     with ServerThread(server_config) as server, RewardPool() as pool:
         run_trial(trial, out / trial.name, server.url, "tml-bench", pool=pool)
     wall = time.time() - started

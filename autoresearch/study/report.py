@@ -306,6 +306,12 @@ def build(journal: Journal) -> list[Block]:
         blocks.append(Block("h2", "Curves"))
         blocks.append(Block("curves", series=series))
     blocks += _dev_curve_blocks(journal, trials)
+    transfer = [e for e in journal.events() if e["kind"] == "transfer"]
+    if transfer:
+        blocks.append(Block("h2", "Transfer (databases no corpus has)"))
+        blocks.append(Block("p", "Read once, in the final check beside test, for the same "
+                            "runs: " + "; ".join(e["message"].removeprefix(
+                                "transfer split read once for ") for e in transfer) + "."))
     pruned = [e for e in journal.events() if e["kind"] == "pruning"]
     if pruned:
         blocks.append(Block("h2", "Pruning"))

@@ -703,7 +703,8 @@ class StudyRunner:
             config = TrialConfig.model_validate(row["config"]).with_changes({
                 "name": f"{row['config']['name']}-test", "init_checkpoint": row["checkpoint"],
                 "sft.steps": 0, "rl.steps": 0, "eval.every": 0, "eval.dev_tasks": 0,
-                "eval.test_tasks": tasks, "eval.baseline": False})
+                "eval.test_tasks": tasks, "eval.baseline": False,
+                "eval.transfer_tasks": self.study.base_trial.eval.transfer_tasks})
             job = TrialJob(f"{row['id']}-test", config,
                            (self.dir / "final-test" / row["id"]).resolve())
             try:
@@ -718,6 +719,21 @@ class StudyRunner:
                 test_low=acc.get("low"), test_high=acc.get("high"), test_n=acc.get("n"))
             self.journal.event("test", f"test split read once for {row['id']}: accuracy "
                                f"{acc.get('value')} on {acc.get('n')} tasks", row["id"])
+            self._journal_transfer(row["id"], job.directory)
+
+    def _journal_transfer(self, trial_id: str, directory: Path) -> None:
+        """The transfer split, read in the same single check as test (databases no corpus
+        has): journaled as a `transfer` event with its accuracy and executing rate."""
+        final = TrialRecord(directory).final() or {}
+        transfer = final.get("transfer")
+        if not transfer:
+            return
+        acc = transfer["accuracy"]
+        self.journal.event(
+            "transfer", f"transfer split read once for {trial_id}: accuracy {acc['value']:.3f} "
+            f"[{acc['low']:.3f}, {acc['high']:.3f}], executing {transfer['execute_rate']:.3f}, "
+            f"on {acc['n']} tasks", trial_id, accuracy=acc,
+            execute_rate=transfer["execute_rate"], verdicts=transfer["verdicts"])
 
     # ----------------------------------------------------------- deciding
     def _decide(self) -> None:
@@ -815,8 +831,10 @@ class StudyRunner:
 
 
 def dev_only(config: TrialConfig) -> TrialConfig:
-    """A study's trials read the dev split only; the test split is read once, by the study."""
-    return config.with_changes({"eval.test_tasks": 0, "eval.baseline": False})
+    """A study's trials read the dev split only; test (and transfer) are read once, by the
+    study."""
+    return config.with_changes({"eval.test_tasks": 0, "eval.transfer_tasks": 0,
+                                "eval.baseline": False})
 
 
 def _trial_summary(trial_id: str, config: dict[str, Any], rationale: str,

@@ -221,7 +221,7 @@ class Study(_Strict):
             "name": "warmup", "sft": w.sft.model_dump(mode="json"),
             "rl": w.rl.model_dump(mode="json"), "checkpoint_every": w.checkpoint_every,
             "eval.every": 0, "eval.every_tasks": None, "eval.test_tasks": 0,
-            "eval.baseline": False, "eval.start": True})
+            "eval.transfer_tasks": 0, "eval.baseline": False, "eval.start": True})
 
     def directory(self) -> Path:
         return Path(self.output_dir or Path("runs") / "studies" / self.name)

@@ -41,7 +41,8 @@ def resumed(sql_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> St
     root = tmp_path_factory.mktemp("study")
     study = Study(
         name="tiny", seed=3, embedded_model=str(sql_model_dir), reward_workers=1,
-        base_trial=tiny_trial(sql_model_dir),
+        base_trial=tiny_trial(sql_model_dir, eval={"every": 0, "dev_tasks": 4, "test_tasks": 4,
+                                                   "transfer_tasks": 3, "max_tokens": 16}),
         search_space={"rl.adam.learning_rate": {"low": 1e-5, "high": 1e-3, "log": True},
                       "rl.advantage": {"choices": ["mean", "zscore"]}},
         budget={"max_trials": 3, "confirm_seeds": 0},
@@ -110,6 +111,11 @@ def test_every_trial_is_journaled_with_scores_cost_and_decision(resumed: StudyOu
                           [trial_id]).fetchone()[0] == 1
     assert all(t[14] for t in trials[1:])  # proposed trials carry their diff against the best
     assert db.execute("SELECT count(*) FROM evals WHERE split = 'test'").fetchone()[0] == 0
+    # Transfer is read in the same single check as test, never by the search's trials.
+    assert db.execute("SELECT count(*) FROM evals WHERE split = 'transfer'").fetchone()[0] == 0
+    transfer = db.execute("SELECT trial_id, data FROM events WHERE kind = 'transfer'").fetchall()
+    assert [t[0] for t in transfer] == [trials[0][0]]
+    assert '"n": 3' in str(transfer[0][1]).replace("'", '"')
     decided = db.execute("SELECT candidate FROM decisions ORDER BY id").fetchall()
     assert sorted(d[0] for d in decided) == [t[0] for t in trials]
     state = db.execute("SELECT state, best_trial FROM study").fetchone()
@@ -118,7 +124,7 @@ def test_every_trial_is_journaled_with_scores_cost_and_decision(resumed: StudyOu
 
     report = resumed.report.read_text()
     assert "## Leaderboard (dev split)" in report and "## Best config" in report
-    assert "Keep rule:" in report
+    assert "Keep rule:" in report and "## Transfer (databases no corpus has)" in report
     for trial_id, *_ in trials:
         assert trial_id in report
 

@@ -1,10 +1,11 @@
 """One database of the multi-table corpus: which tables of a theme, how they are named, and rows.
 
-`database(theme, index, seed)` picks a connected set of 3 to 12 of the theme's entities (every
-table's foreign keys point inside the set), a naming style, and the row count of each table.
-`Database.setup_sql(copy)` renders one copy: identities (keys, display names, categories' pools)
-are the same in every copy, so a question's literals exist in each; all other values, foreign
-keys and NULLs are drawn per copy, so copies give different answers to the same query.
+`database(theme, index, seed)` picks 3 to 12 of the theme's entities, closed under foreign keys
+(every key points inside the set; unrelated tables may sit beside related ones), a naming
+style, and the row count of each table. `Database.setup_sql(copy)` renders one copy: row keys,
+display names and table sizes are the same in every copy, so a question's literals exist in
+each; all other values, foreign keys and NULLs are drawn per copy, so copies give different
+answers to the same query.
 Everything is a pure function of (theme, index, seed, copy).
 """
 
@@ -92,9 +93,6 @@ class Database:
 
     def table(self, singular: str) -> Table:
         return next(t for t in self.tables if t.entity.singular == singular)
-
-    def has(self, singular: str) -> bool:
-        return any(t.entity.singular == singular for t in self.tables)
 
     def setup_sql(self, copy: int = 0) -> str:
         return _render(self, copy)

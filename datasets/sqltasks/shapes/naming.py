@@ -76,7 +76,7 @@ def table_name(style: str, singular: str, plural: str) -> str:
 
 def key_name(style: str, singular: str) -> str:
     """The primary key column of an entity's table."""
-    if style in ("snake_plural",):
+    if style == "snake_plural":
         return "id"
     if style == "snake_singular":
         return f"{singular}_id"
