@@ -78,26 +78,33 @@ def _rate(hits: list[bool]) -> str:
     return f"{est.value:.3f} [{est.low:.3f}, {est.high:.3f}]"
 
 
+HEADER = ["| split | stage | n | correct (EX) [95% CI] | executes [95% CI] |",
+          "|---|---|---|---|---|"]
+
+
+def _row(split: str, label: str, e: dict[str, Any]) -> tuple[str, dict[str, int]]:
+    """One table row from an eval entry, and its counts."""
+    n = len(e["verdicts"])
+    executes = round(e["execute_rate"] * n)
+    correct = [bool(v) for v in e["verdicts"].values()]
+    ran = [True] * executes + [False] * (n - executes)
+    return (f"| {split} | {label} | {n} | {_rate(correct)} | {_rate(ran)} |",
+            {"n": n, "correct": sum(correct), "executes": executes})
+
+
 def table(record: TrialRecord) -> tuple[str, dict[str, Any]]:
     """The markdown table of every split and stage, and the numbers behind it."""
     evals = {(e["split"], "base" if e["stage"] == "start" else e["stage"]): e
              for e in record.of_type("eval")}
-    lines = ["| split | stage | n | correct (EX) [95% CI] | executes [95% CI] |",
-             "|---|---|---|---|---|"]
+    lines = list(HEADER)
     numbers: dict[str, Any] = {}
     for split in SPLITS:
         for stage, label in STAGES:
             e = evals.get((split, stage))
             if e is None:
                 continue
-            verdicts = e["verdicts"]
-            n = len(verdicts)
-            executes = round(e["execute_rate"] * n)
-            correct = [bool(v) for v in verdicts.values()]
-            ran = [True] * executes + [False] * (n - executes)
-            lines.append(f"| {split} | {label} | {n} | {_rate(correct)} | {_rate(ran)} |")
-            numbers[f"{split}/{stage}"] = {"n": n, "correct": sum(correct),
-                                           "executes": executes}
+            line, numbers[f"{split}/{stage}"] = _row(split, label, e)
+            lines.append(line)
         for (a, b) in (("sft", "base"), ("final", "sft"), ("final", "base")):
             ea, eb = evals.get((split, a)), evals.get((split, b))
             if ea is None or eb is None:
@@ -130,15 +137,8 @@ def rescore(out: Path, server_config: ServerConfig) -> str:
             for e in TrialRecord(out / "rescore" / stage).of_type("eval"):
                 if e["split"] == "transfer":
                     rows["base" if e["stage"] == "base" else stage] = e
-    lines = ["| split | stage | n | correct (EX) [95% CI] | executes [95% CI] |",
-             "|---|---|---|---|---|"]
-    for stage, label in STAGES:
-        e = rows[stage]
-        n = len(e["verdicts"])
-        executes = round(e["execute_rate"] * n)
-        lines.append(f"| transfer | {label} | {n} | {_rate(list(e['verdicts'].values()))} | "
-                     f"{_rate([True] * executes + [False] * (n - executes))} |")
-    return "\n".join(lines)
+    return "\n".join(HEADER + [_row("transfer", label, rows[stage])[0]
+                                for stage, label in STAGES])
 
 
 def main() -> None:

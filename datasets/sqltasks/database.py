@@ -112,7 +112,12 @@ def _amount(rng: random.Random, column: Column) -> float:
     return round(rng.uniform(column.low, column.high), 2)
 
 
-def _literal(value: Any) -> str:
+def sql_literal(value: Any) -> str:
+    """A value as a DuckDB literal in a generated setup script (amounts to the cent)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
     if isinstance(value, str):
         return "'" + value.replace("'", "''") + "'"
     if isinstance(value, dt.date):
@@ -140,7 +145,7 @@ def _create(table: str, roles: tuple[str, ...], names: dict[str, str]) -> str:
 
 
 def _insert(table: str, roles: tuple[str, ...], rows: tuple[dict[str, Any], ...]) -> str:
-    values = ", ".join("(" + ", ".join(_literal(r[role]) for role in roles) + ")" for r in rows)
+    values = ", ".join("(" + ", ".join(sql_literal(r[role]) for role in roles) + ")" for r in rows)
     return f"INSERT INTO {table} VALUES {values};"
 
 

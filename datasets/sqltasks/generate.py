@@ -14,7 +14,7 @@ import json
 import random
 import sys
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,17 +179,24 @@ def statistics(records: Iterable[Record]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_cli(argv: list[str] | None, doc: str, make: Callable[[int], list[Record]],
+            path_for: Callable[[int], Path], extent: Callable[[int], str] = lambda seed: "") -> int:
+    """The command line of a corpus generator: generate for `--seed`, write, print the table.
+    `extent` adds what the count covers (" over 144 databases")."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    records = generate(args.seed)
-    out = args.out or corpus_path(args.seed)
+    records = make(args.seed)
+    out = args.out or path_for(args.seed)
     write(records, out)
-    print(f"wrote {len(records)} tasks to {out}", file=sys.stderr)
+    print(f"wrote {len(records)} tasks{extent(args.seed)} to {out}", file=sys.stderr)
     print(statistics(records))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(argv, __doc__, generate, corpus_path)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from rewards import Task
+from sqltasks.shapes.naming import quote
 
 Style = Literal["base", "chat"]
 INSTRUCTION = "Answer with one DuckDB SELECT query."
@@ -108,14 +109,16 @@ def _stems(text: str) -> set[str]:
     return out
 
 
-def _table_of(line: str) -> tuple[str, set[str], set[str]]:
-    """(table name, stems of its name, stems of its columns and referenced tables)."""
+@lru_cache(maxsize=8192)
+def _table_of(line: str) -> tuple[str, frozenset[str], frozenset[str]]:
+    """(table name, stems of its name, stems of its columns and referenced tables); cached,
+    since ranking and sample rows read the same CREATE lines for every prompt."""
     tree = sqlglot.parse_one(line, read="duckdb")
     table = tree.find(exp.Table)
     name = table.name if table is not None else ""
     columns = " ".join(c.name for c in tree.find_all(exp.ColumnDef))
     refs = " ".join(t.name for t in tree.find_all(exp.Table) if t is not table)
-    return name, _stems(name), _stems(columns + " " + refs)
+    return name, frozenset(_stems(name)), frozenset(_stems(columns + " " + refs))
 
 
 def relevance(question: str, line: str) -> float:
@@ -131,8 +134,7 @@ def sample_rows(setup_sql: str, table: str, k: int) -> tuple[str, ...]:
     """The first `k` rows of `table`, each rendered as a SQL tuple with short values."""
     with duckdb.connect(":memory:") as connection:
         connection.execute(setup_sql)
-        quoted = '"' + table.replace('"', '""') + '"'
-        rows = connection.execute(f"SELECT * FROM {quoted} LIMIT {int(k)}").fetchall()
+        rows = connection.execute(f"SELECT * FROM {quote(table)} LIMIT {int(k)}").fetchall()
     return tuple("(" + ", ".join(_short(v) for v in row) + ")" for row in rows)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any
 
+from sqltasks.database import sql_literal
 from sqltasks.shapes.naming import STYLES, column_name, key_name, quote, table_name
 from sqltasks.shapes.themes import EntitySpec, Field, themes
 
@@ -203,8 +204,10 @@ def identities(db: Database, table: str) -> tuple[str | None, ...]:
     return tuple(values)
 
 
-def rows(db: Database, table: Table, copy: int) -> list[dict[str, Any]]:
-    """The rows of one table in one copy, keyed by column name (primary key included)."""
+@lru_cache(maxsize=4096)
+def rows(db: Database, table: Table, copy: int) -> tuple[dict[str, Any], ...]:
+    """The rows of one table in one copy, keyed by column name (primary key included); cached,
+    because every question template reads the first copy's values. Read-only."""
     rng = random.Random(f"sqltasks-shapes/{db.seed}/{db.name}/{table.name}/{copy}")
     sizes = {t.entity.singular: t.rows for t in db.tables}
     names = identities(db, table.name)
@@ -230,19 +233,7 @@ def rows(db: Database, table: Table, copy: int) -> list[dict[str, Any]]:
                     value = None
             row[column.name] = value
         out.append(row)
-    return out
-
-
-def _literal(value: Any) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "TRUE" if value else "FALSE"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, dt.date):
-        return f"DATE '{value.isoformat()}'"
-    return "'" + str(value).replace("'", "''") + "'"
+    return tuple(out)
 
 
 def create_statement(db: Database, table: Table) -> str:
@@ -268,7 +259,7 @@ def _render(db: Database, copy: int) -> str:
         statements.append(create_statement(db, table))
         data = rows(db, table, copy)
         columns = ", ".join(quote(c) for c in data[0])
-        tuples = ["(" + ", ".join(_literal(v) for v in row.values()) + ")" for row in data]
+        tuples = ["(" + ", ".join(sql_literal(v) for v in row.values()) + ")" for row in data]
         # DuckDB checks a self-reference against the rows before the statement: one row each.
         self_referencing = any(c.field.arg == table.entity.singular for c in table.references)
         for chunk in ([[t] for t in tuples] if self_referencing else [tuples]):

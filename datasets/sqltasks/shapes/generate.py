@@ -10,9 +10,7 @@ gold queries; rows are rebuilt from the seed.
 
 from __future__ import annotations
 
-import argparse
 import random
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +18,7 @@ from typing import Any
 
 import duckdb
 
-from sqltasks.generate import DATA_DIR, Record, read, statistics, write
+from sqltasks.generate import DATA_DIR, Record, read, run_cli
 from sqltasks.shapes.build import COPIES, Database, database
 from sqltasks.shapes.questions import Candidate, candidates
 from sqltasks.shapes.themes import themes
@@ -117,17 +115,8 @@ def load_records(seed: int = 0) -> list[Record]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
-    records = generate(args.seed)
-    out = args.out or corpus_path(args.seed)
-    write(records, out)
-    print(f"wrote {len(records)} tasks over {len(databases(args.seed))} databases to {out}",
-          file=sys.stderr)
-    print(statistics(records))
-    return 0
+    return run_cli(argv, __doc__, generate, corpus_path,
+                   lambda seed: f" over {len(databases(seed))} databases")
 
 
 if __name__ == "__main__":
