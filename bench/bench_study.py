@@ -1,28 +1,36 @@
-"""Do studies decide correctly on the embedded Gemma? Positive and null controls, TPE vs random.
+"""Do studies decide correctly on the embedded Gemma? Controls with each run's own luck.
 
 Every study here declares the same warm-up (SFT on gold queries); the first trains it, the
 others reuse it from the bench's warm-up cache, so all trials fork from one checkpoint. Each
-study runs on its own embedded server (the packaged Gemma 3 270M on CPU), one after another:
+study runs on its own embedded server (the packaged Gemma 3 270M on CPU), one after another.
+The default parts:
 
-(a) Positive control (`pos-tpe`): the base config is deliberately weak in one searched dimension
-    (`--weak`, default the RL learning rate, 100x above the one that works). The study must keep
-    a change whose paired dev gain excludes zero, and that change must still hold on the test
-    split (paired interval of best - base excluding zero), read once, for the final best only.
-(b) Null control (`null`): on the healthy base config (the weak dimension at its good value),
-    the proposer proposes that config again under other seeds (with a no-op change, so the
-    study sees a new candidate). Nothing may be kept.
-(c) TPE vs random search (`pos-random`): the positive-control study again, proposed by random
-    search on the same budget. Reported: each study's best dev gain over the base, and the
-    paired test difference of the two bests, with 95% intervals. The exploration trials it
-    shares with (a) (the same config under the same seed: the baseline, the seeded start-up
-    samples) are replayed from the run's trial cache, not trained again (`--no-trial-cache`
-    trains them); confirmation re-runs, seed-bank runs and test checks are evidence and always
-    run fresh.
+`arms`: two configs measured beforehand, as one study that decides nothing: the healthy base
+    config under `--seeds` seeds (the baseline's own and `--seeds - 1` more) and the base with
+    the design's known change (16 more SFT steps inside each trial: a longer warm-up) under
+    `--seeds` seeds of its own, every run scored on the same dev tasks. From these runs:
+    (a) A/A: the base arm is a seed bank of one healthy config; it is resampled into
+        `--pseudo` pseudo-studies (a baseline and three candidates that are all this config,
+        each run a different bank run) decided by the runner's own code
+        (`confirmation.next_decision`, the shipped keep rule): every keep is a false keep.
+        Printed: the false-keep rate with its Wilson 95% interval.
+    (b) power: the same pseudo-studies with one candidate's runs spiked (+5 and +10 points:
+        a fixed set of tasks turned right in each of its runs); how often it ends as the best.
+    (c, first half) the change against the base over runs (Student t, pooled run-to-run
+        variance): known to help when this interval excludes zero.
+`known`: (c, second half) a real study of the healthy base offered the known change and a
+    decoy (the base under another seed), with the default keep rule (first look, seed bank of
+    3, confirmation on 2 fresh seeds a side) and its final test check (the kept config's
+    confirmation runs against the base config's runs, read once, an interval over runs). It
+    passes when it keeps the change and the change holds on test.
 
-Decisions are the studies' own (dev split only, their keep rule, pruning on a fixed dev subset).
-The test split is read once per study, by its final check of the best config against the base.
+The earlier controls stay available with `--parts pos-tpe null pos-random`: a base config with
+its RL learning rate 100x too high, repaired by TPE and by random search, and the healthy base
+re-proposed under other seeds (see docs/studies.md for what they showed).
 
-    python bench/bench_study.py                    # the full design (about 70 min, 2 quiet cores)
+Decisions are the studies' own (dev split only); each study reads the test split once.
+
+    python bench/bench_study.py                    # arms and known (about 50 min, 2 quiet cores)
     python bench/bench_study.py --smoke            # the same pipeline, tiny sizes (minutes)
     python bench/bench_study.py --resume runs/bench-study/<stamp>   # finish an interrupted run
 
@@ -42,11 +50,19 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "datasets")]
+sys.path[:0] = [str(ROOT), str(ROOT / "datasets"), str(ROOT / "bench")]
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-from autoresearch.evaluation.stats import Estimate, paired_difference  # noqa: E402
+from bench_seed_bank import pseudo_studies, rate  # noqa: E402
+
+from autoresearch.evaluation.stats import (  # noqa: E402
+    Estimate,
+    RunTest,
+    paired_difference,
+    pooled_run_test,
+)
 from autoresearch.rl.record import TrialRecord  # noqa: E402
+from autoresearch.study.confirmation import test_arms  # noqa: E402
 from autoresearch.study.decisions import paired_items  # noqa: E402
 from autoresearch.study.journal import Journal  # noqa: E402
 from autoresearch.study.proposers import Context, Proposal, ProposalBatch  # noqa: E402
@@ -80,6 +96,9 @@ DESIGNS: dict[str, dict[str, Any]] = {
         "budget": {"max_trials": 4, "confirm_seeds": 1, "max_confirm_trials": 2},
         "null_trials": 2,
         "parallel": 2,
+        # The real change known to help: 16 more SFT steps on gold queries inside each trial,
+        # before its GRPO steps (a longer warm-up); the arms part measures it beforehand.
+        "known_change": {"sft.steps": 16},
     },
     # The same pipeline at toy sizes: proves it runs end to end, decides nothing.
     "smoke": {
@@ -95,6 +114,7 @@ DESIGNS: dict[str, dict[str, Any]] = {
         "budget": {"max_trials": 2, "confirm_seeds": 1, "max_confirm_trials": 2},
         "null_trials": 1,
         "parallel": 2,
+        "known_change": {"sft.steps": 1},
     },
 }
 
@@ -129,6 +149,139 @@ class NullProposer:
                               "the base config again under another seed: must not be kept")
                      for k in range(n)]
         return ProposalBatch(self.name, "sampled", proposals)
+
+
+ARM_SEED = 3000
+"""Seeds of the arms part's runs (other than the baseline's own seed)."""
+
+
+def _arm_jobs(change: dict[str, Any], seeds: int) -> list[tuple[dict[str, Any], str]]:
+    """Both arms, seed by seed, interleaved so that they share the server's batches alike: the
+    baseline is the base arm's first run, so the base arm gets `seeds - 1` more."""
+    jobs = []
+    for i in range(seeds):
+        jobs.append(({"seed": ARM_SEED + i, **change}, "arm B: the change"))
+        if i < seeds - 1:
+            jobs.append(({"seed": ARM_SEED + i}, "arm A: the base config"))
+    return jobs
+
+
+class ListProposer:
+    """Proposes a fixed list of changes, in order (the study is the measuring instrument)."""
+
+    name = "fixed-list"
+
+    def __init__(self, jobs: list[tuple[dict[str, Any], str]]) -> None:
+        self.jobs = jobs
+
+    def propose(self, context: Context, n: int) -> ProposalBatch:
+        done = len(context.explored()) - 1  # the baseline is not proposed
+        return ProposalBatch(self.name, "sampled", [
+            Proposal(changes, why) for changes, why in self.jobs[done:done + n]])
+
+
+def _choices(jobs: list[tuple[dict[str, Any], str]], base: dict[str, Any]) -> dict[str, Any]:
+    """A search space that admits exactly the values the listed jobs and the base config use."""
+    space: dict[str, Any] = {}
+    for changes, _ in jobs:
+        for key, value in changes.items():
+            node: Any = base
+            for part in key.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            values = space.setdefault(key, {"choices": []})["choices"]
+            for v in (node, value):
+                if v is not None and v not in values:
+                    values.append(v)
+    return space
+
+
+def arms_study(design: dict[str, Any], weak: str, cache: Path, seed: int,
+               model: str | None, seeds: int) -> tuple[Study, ListProposer]:
+    """Both arms as one study that decides nothing: no pruning, no confirmations."""
+    jobs = _arm_jobs(design["known_change"], seeds)
+    study = make_study("arms", design, weak, cache, "optuna", seed, model, healthy=True)
+    return Study.model_validate({
+        **study.model_dump(mode="json"),
+        "search_space": _choices(jobs, study.base_trial.model_dump(mode="json")),
+        "pruning": {"kind": "none"},
+        # four runs side by side: decoding fuses across runs, so the two cores do more work
+        "executor": {"max_parallel_trials": 4},
+        "budget": {"max_trials": 2 * seeds, "confirm_seeds": 0, "max_confirm_trials": 0,
+                   "seed_bank": 0}}), ListProposer(jobs)
+
+
+def arm_runs(directory: Path, change: dict[str, Any]
+             ) -> tuple[list[dict[str, bool]], list[dict[str, bool]]]:
+    """Dev verdicts of each finished run, as (base arm, change arm)."""
+    trials = [t for t in Journal(directory, read_only=True).trials()
+              if t["role"] in ("baseline", "explore") and t.get("dev")]
+    changed = [_has(t["changes"], change) for t in trials]
+    base = [t["dev"]["verdicts"] for t, c in zip(trials, changed) if not c]
+    change = [t["dev"]["verdicts"] for t, c in zip(trials, changed) if c]
+    return base, change
+
+
+def _has(changes: dict[str, Any] | None, change: dict[str, Any]) -> bool:
+    return all((changes or {}).get(k) == v for k, v in change.items())
+
+
+def _mean_sd(runs: list[dict[str, bool]]) -> str:
+    scores = [sum(r.values()) / len(r) for r in runs]
+    mean = sum(scores) / len(scores)
+    sd = (sum((x - mean) ** 2 for x in scores) / max(1, len(scores) - 1)) ** 0.5
+    return f"{mean:.3f} (SD {sd:.3f}, {len(scores)} runs)"
+
+
+def summarise_arms(directory: Path, change_made: dict[str, Any], seconds: float,
+                   pseudo: int) -> dict[str, Any]:
+    """(a) and (b) from the base arm as an A/A seed bank, and the change measured against it."""
+    base, change = arm_runs(directory, change_made)
+    known = pooled_run_test(change, base)
+    interval = known.interval()
+    print(f"\n== arms ({seconds:.0f} s) ==")
+    print(f"  arm A, the base config: dev {_mean_sd(base)}")
+    print(f"  arm B, {json.dumps(change_made)}: dev {_mean_sd(change)}")
+    print(f"  B - A over runs: {fmt(interval)} (Student t, run SD {known.run_sd:.3f}, "
+          f"{known.df} df, one-sided p {known.p_value:.2g})")
+    candidates = min(3, len(base) - 1 - 2 - 4)
+    cells: dict[str, Any] = {}
+    if candidates >= 1:
+        for k, effect in enumerate((0.0, 0.05, 0.10)):
+            hits, n = pseudo_studies(base, pseudo, candidates, effect, True, seed=200 + k)
+            label = "none" if not effect else f"+{effect * 100:.0f} pts"
+            cells[label] = {"hits": hits, "studies": n, "rate": rate(hits, n)}
+            what = "false keeps per A/A study" if not effect else "power (planted kept)"
+            print(f"  {label}: {what}: {rate(hits, n)}")
+    return {"study": "arms", "seconds": round(seconds, 1), "directory": str(directory),
+            "base_arm": _mean_sd(base), "change_arm": _mean_sd(change),
+            "change_minus_base": interval.as_dict(), "run_test": known.as_dict(),
+            "pseudo_candidates": candidates, "pseudo": cells}
+
+
+def known_study(design: dict[str, Any], weak: str, cache: Path, seed: int,
+                model: str | None) -> tuple[Study, ListProposer]:
+    """A study of the healthy base offered the known change and a decoy (the base again under
+    another seed, which must not be kept), with the default keep rule and its test check."""
+    jobs = [(dict(design["known_change"]), "a longer warm-up inside the trial"),
+            ({**NO_OP, "seed": 101}, "the base config again under another seed: a decoy")]
+    study = make_study("known", design, weak, cache, "optuna", seed, model, healthy=True)
+    space = _choices(jobs, study.base_trial.model_dump(mode="json"))
+    return Study.model_validate({
+        **study.model_dump(mode="json"), "search_space": space,
+        "budget": {**design["budget"], "max_trials": 1 + len(jobs), "confirm_seeds": 2,
+                   "max_confirm_trials": 4, "seed_bank": 3}}), ListProposer(jobs)
+
+
+def test_over_runs(directory: Path) -> RunTest | None:
+    """The study's own test check as its report reads it: the kept config's confirmation runs
+    against the base config's runs, over runs."""
+    journal = Journal(directory, read_only=True)
+    best = journal.study()["best_trial"]
+    if best is None:
+        return None
+    arms = [[t["test"]["verdicts"] for t in arm if (t.get("test") or {}).get("verdicts")]
+            for arm in test_arms(journal.trials(), best)]
+    return pooled_run_test(*arms) if all(len(a) > 1 for a in arms) else None
 
 
 def _base_trial(design: dict[str, Any], weak: str | None) -> dict[str, Any]:
@@ -217,9 +370,20 @@ def summarise(label: str, directory: Path, seconds: float) -> dict[str, Any]:
             "warmup_reused": bool(warm and "Reused" in (warm["rationale"] or ""))}
 
 
+LEGACY = ("pos-tpe", "null", "pos-random")
+"""The earlier controls: a deliberately broken base repaired (TPE, then random search) and the
+healthy base re-proposed under other seeds. `--parts` runs them; they are not the default."""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: minutes, no verdict")
+    parser.add_argument("--parts", nargs="+", default=["arms", "known"],
+                        choices=["arms", "known", *LEGACY])
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="runs per arm in the arms part (default 10; 2 with --smoke)")
+    parser.add_argument("--pseudo", type=int, default=2000,
+                        help="pseudo-studies per cell of the A/A and spiked resampling")
     parser.add_argument("--weak", choices=sorted(WEAK), default="rl-lr-high",
                         help="the dimension the positive control's base config gets wrong")
     parser.add_argument("--seed", type=int, default=0)
@@ -237,6 +401,7 @@ def main() -> int:
     for name in ("autoresearch.study.runner", "autoresearch.study.warmup"):
         logging.getLogger(name).setLevel(logging.INFO)
     design = DESIGNS["smoke" if args.smoke else "full"]
+    seeds = args.seeds or (2 if args.smoke else 10)
     root = args.resume or args.out / time.strftime("%Y%m%d-%H%M%S")
     root.mkdir(parents=True, exist_ok=True)
     cache = root / "warmups"
@@ -244,51 +409,86 @@ def main() -> int:
     summary: dict[str, Any] = (json.loads(summary_path.read_text()) if summary_path.exists()
                                else {"design": "smoke" if args.smoke else "full",
                                      "weak": args.weak, "parts": {}})
+    print(f"command: python bench/bench_study.py {' '.join(sys.argv[1:])} (results in {root}); "
+          f"loadavg {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     started = time.time()
-    parts = [("pos-tpe", "optuna", None), ("null", "optuna", NullProposer()),
-             ("pos-random", "random", None)]
-    for name, kind, proposer in parts:
+    for name in args.parts:
         if name in summary["parts"]:
             print(f"{name}: already done ({summary['parts'][name]['seconds']:.0f} s)")
             continue
-        # The null control re-proposes the healthy base: seed noise on a model that works.
-        study = make_study(name, design, args.weak, cache, kind, args.seed, args.model,
-                           healthy=name == "null",
-                           trials=None if args.no_trial_cache else root / "trials",
-                           extra_space=NULL_SPACE if name == "null" else None)
-        if name == "null":
-            study = study.model_copy(update={"budget": study.budget.model_copy(
-                update={"max_trials": 1 + design["null_trials"]})})
         t0 = time.time()
-        run_study(study, root / name, proposer=proposer)
-        summary["parts"][name] = summarise(name, root / name, time.time() - t0)
+        if name == "arms":
+            study, proposer = arms_study(design, args.weak, cache, args.seed, args.model, seeds)
+            run_study(study, root / name, proposer=proposer)
+            summary["parts"][name] = summarise_arms(root / name, design["known_change"],
+                                                    time.time() - t0, args.pseudo)
+        elif name == "known":
+            study, proposer = known_study(design, args.weak, cache, args.seed, args.model)
+            run_study(study, root / name, proposer=proposer)
+            part = summarise(name, root / name, time.time() - t0)
+            runs = test_over_runs(root / name)
+            part["test_over_runs"] = runs and {**runs.interval().as_dict(), **runs.as_dict()}
+            summary["parts"][name] = part
+        else:
+            proposer = NullProposer() if name == "null" else None
+            kind = "random" if name == "pos-random" else "optuna"
+            # The null control re-proposes the healthy base: seed noise on a model that works.
+            study = make_study(name, design, args.weak, cache, kind, args.seed, args.model,
+                               healthy=name == "null",
+                               trials=None if args.no_trial_cache else root / "trials",
+                               extra_space=NULL_SPACE if name == "null" else None)
+            if name == "null":
+                study = study.model_copy(update={"budget": study.budget.model_copy(
+                    update={"max_trials": 1 + design["null_trials"]})})
+            run_study(study, root / name, proposer=proposer)
+            summary["parts"][name] = summarise(name, root / name, time.time() - t0)
         summary_path.write_text(json.dumps(summary, indent=2))
 
-    pos, null, rnd = (summary["parts"][k] for k in ("pos-tpe", "null", "pos-random"))
-    gain = pos["test_gain"]
-    positive_ok = bool(pos["kept"] and pos["dev_gain"] and pos["dev_gain"]["low"] > 0
-                       and gain and gain["low"] > 0)
-    null_ok = not null["kept"]
-    tpe_best = _best_row(root / "pos-tpe")
-    rnd_best = _best_row(root / "pos-random")
-    head = paired(tpe_best, rnd_best, "test")
     print("\n== verdicts ==")
-    print(f"(a) positive control ({args.weak} weak in the base): "
-          f"{'PASS' if positive_ok else 'FAIL'}: kept {pos['kept'] or 'nothing'}; dev gain "
-          f"{fmt(_est(pos['dev_gain']))}; test gain {fmt(_est(gain))}")
-    print(f"(b) null control (base config under other seeds): {'PASS' if null_ok else 'FAIL'}: "
-          f"kept {null['kept'] or 'nothing'}")
-    print(f"(c) TPE vs random search, same budget: best dev gain over base: TPE "
-          f"{fmt(_est(pos['dev_gain']))}, random {fmt(_est(rnd['dev_gain']))}; test, TPE best - "
-          f"random best (paired): {fmt(head)}")
-    summary.update({"positive_control_pass": positive_ok, "null_control_pass": null_ok,
-                    "tpe_minus_random_test": head and head.as_dict(),
-                    "seconds_this_invocation": round(time.time() - started, 1)})
+    parts = summary["parts"]
+    if "arms" in parts:
+        arms = parts["arms"]
+        for label, cell in arms["pseudo"].items():
+            what = "(a) false keeps per A/A study" if label == "none" else \
+                f"(b) power at {label}"
+            print(f"{what}: {cell['rate']} ({cell['studies']} pseudo-studies of the base arm's "
+                  f"runs, baseline + {arms['pseudo_candidates']} candidates)")
+        print(f"(c) the change measured beforehand: {arms['change_arm']} against "
+              f"{arms['base_arm']}: {fmt(_est(arms['change_minus_base']))} over runs")
+    if "known" in parts:
+        known = parts["known"]
+        best = known["best"] or {}
+        kept = bool(known["kept"]) and _has(best.get("changes"), design["known_change"])
+        runs = known.get("test_over_runs")
+        holds = bool(runs and runs["low"] > 0)
+        verdict = "PASS" if kept and holds else "FAIL"
+        print(f"(c) a study offered it and a decoy: {verdict}: kept {known['kept'] or 'nothing'} "
+              f"(best {best.get('id')}: {json.dumps(best.get('changes'))}); dev gain "
+              f"{fmt(_est(known['dev_gain']))}; test over runs "
+              f"{fmt(_est(runs)) if runs else 'n/a'}")
+        summary["known_change_pass"] = verdict == "PASS"
+    if all(k in parts for k in LEGACY):
+        pos, null, rnd = (parts[k] for k in LEGACY)
+        gain = pos["test_gain"]
+        positive_ok = bool(pos["kept"] and pos["dev_gain"] and pos["dev_gain"]["low"] > 0
+                           and gain and gain["low"] > 0)
+        head = paired(_best_row(root / "pos-tpe"), _best_row(root / "pos-random"), "test")
+        print(f"positive control ({args.weak} weak in the base): "
+              f"{'PASS' if positive_ok else 'FAIL'}: kept {pos['kept'] or 'nothing'}; dev gain "
+              f"{fmt(_est(pos['dev_gain']))}; test gain {fmt(_est(gain))}")
+        print(f"null control (base config under other seeds): "
+              f"{'PASS' if not null['kept'] else 'FAIL'}: kept {null['kept'] or 'nothing'}")
+        print(f"TPE vs random search, same budget: test, TPE best - random best (paired): "
+              f"{fmt(head)}")
+        summary.update({"positive_control_pass": positive_ok, "null_control_pass":
+                        not null["kept"], "tpe_minus_random_test": head and head.as_dict()})
+    summary["seconds_this_invocation"] = round(time.time() - started, 1)
     if args.smoke:
         summary["note"] = "smoke sizes: the pipeline ran end to end; the verdicts mean nothing"
         print("smoke sizes: the pipeline ran end to end; these verdicts mean nothing")
     summary_path.write_text(json.dumps(summary, indent=2))
-    print(f"\nsummary: {summary_path}")
+    print(f"\n{time.time() - started:.0f} s; loadavg "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; summary: {summary_path}")
     return 0
 
 

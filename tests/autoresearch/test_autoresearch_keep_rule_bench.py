@@ -63,3 +63,58 @@ def test_bank_pseudo_studies_use_each_run_once_and_find_a_large_spiked_effect():
     assert n == 100 and false_keeps <= 10
     found, _ = bench.pseudo_studies(runs, 100, 3, 0.5, True, seed=0)
     assert found >= 80
+
+
+def _study_bench():
+    path = BENCH.with_name("bench_study.py")
+    spec = importlib.util.spec_from_file_location("bench_study", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_arms_study_runs_each_arm_on_its_own_seeds_and_admits_only_them(tmp_path):
+    bench = _study_bench()
+    design = bench.DESIGNS["full"]
+    study, proposer = bench.arms_study(design, "rl-lr-high", tmp_path, 0, None, seeds=10)
+    arm_b = [c for c, _ in proposer.jobs if bench._has(c, design["known_change"])]
+    arm_a = [c for c, _ in proposer.jobs if not bench._has(c, design["known_change"])]
+    # with the baseline, ten runs per arm, each on a seed of its own
+    assert (len(arm_a) + 1, len(arm_b)) == (10, 10)
+    assert len({c["seed"] for c in arm_a}) == 9 and len({c["seed"] for c in arm_b}) == 10
+    assert study.budget.max_trials == 20 and study.budget.confirm_seeds == 0
+    assert study.pruning.kind == "none"
+    space = study.space()
+    for changes, _ in proposer.jobs:  # every listed run is inside the declared space
+        space.validate(changes)
+    # the base config's own value of the changed field is admitted too (the base arm)
+    assert 0 in study.search_space["sft.steps"].choices
+
+
+def test_the_known_change_study_offers_the_change_and_a_decoy_under_the_default_rule(tmp_path):
+    bench = _study_bench()
+    design = bench.DESIGNS["full"]
+    study, proposer = bench.known_study(design, "rl-lr-high", tmp_path, 0, None)
+    changes = [c for c, _ in proposer.jobs]
+    assert changes[0] == design["known_change"] and changes[1]["seed"] != study.base_trial.seed
+    assert study.budget.max_trials == 3 and study.budget.seed_bank == 3
+    assert study.budget.confirm_seeds == 2
+    for c in changes:
+        study.space().validate(c)
+
+
+def test_the_demo_rl_bench_forks_each_variant_from_the_demos_warmup_and_decides_nothing():
+    path = BENCH.with_name("bench_demo_rl.py")
+    spec = importlib.util.spec_from_file_location("bench_demo_rl", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    variants = [{"rl.adam.learning_rate": 3e-5}, {"rl.temperature": 0.7}]
+    study, proposer = bench.variants_study({"reward.weights.executes": 0.0}, variants, 3,
+                                           {"sft.steps": 20})
+    assert study.base_trial.reward.weights.executes == 0.0
+    assert study.warmup.sft.steps == 20
+    assert study.budget.max_trials == 3 and study.budget.confirm_seeds == 0
+    assert study.executor.max_parallel_trials == 3 and study.pruning.kind == "none"
+    assert [c for c, _ in proposer.jobs] == variants
+    for changes in variants:
+        study.space().validate(changes)
