@@ -19,10 +19,10 @@ The default parts:
     (c, first half) the change against the base over runs (Student t, pooled run-to-run
         variance): known to help when this interval excludes zero.
 `known`: (c, second half) a real study of the healthy base offered the known change and a
-    decoy (the base under another seed), with the default keep rule (first look, seed bank of
-    3, confirmation on 2 fresh seeds a side) and its final test check (the kept config's
-    confirmation runs against the base config's runs, read once, an interval over runs). It
-    passes when it keeps the change and the change holds on test.
+    decoy (the base under another seed), with the shipped keep rule (first look, seed bank of
+    3, one confirmation on 3 fresh seeds a side at alpha 0.05) and its final test check (the
+    kept config's confirmation runs against the base config's runs, read once, an interval over
+    runs). It passes when it keeps the change and the change holds on test.
 
 The earlier controls stay available with `--parts pos-tpe null pos-random`: a base config with
 its RL learning rate 100x too high, repaired by TPE and by random search, and the healthy base
@@ -53,6 +53,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "datasets"), str(ROOT / "bench")]
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
+import numpy as np  # noqa: E402
+from bench_keep_rule import new_study  # noqa: E402
 from bench_seed_bank import pseudo_studies, rate  # noqa: E402
 
 from autoresearch.evaluation.stats import (  # noqa: E402
@@ -258,6 +260,39 @@ def summarise_arms(directory: Path, change_made: dict[str, Any], seconds: float,
             "pseudo_candidates": candidates, "pseudo": cells}
 
 
+class ArmsWorld:
+    """Serves each (config, seed) a pseudo-study asks for with a different real run, drawn
+    without replacement: the changed config's from the change arm, every other from the base
+    arm."""
+
+    def __init__(self, rng: np.random.Generator, base: list[dict[str, bool]],
+                 change: list[dict[str, bool]], changed: int) -> None:
+        self.arms = {False: base, True: change}
+        self.pools = {k: list(rng.permutation(len(v))) for k, v in self.arms.items()}
+        self.changed, self.runs = changed, {}
+
+    def run(self, config: int, seed: int) -> dict[str, bool]:
+        if (config, seed) not in self.runs:
+            arm = config == self.changed
+            self.runs[(config, seed)] = self.arms[arm][self.pools[arm].pop()]
+        return self.runs[(config, seed)]
+
+
+def keeps_of_real_change(directory: Path, change: dict[str, Any], study: Study, count: int,
+                         seed: int = 300) -> tuple[int, int]:
+    """How often a study of `study`'s design keeps the change, each run it asks for a different
+    real run of the arms part (the change at a random place among the candidates): the power
+    of the rule for this effect at this run luck, from runs rather than a model of them."""
+    base, changed = arm_runs(directory, change)
+    rng = np.random.default_rng(seed)
+    candidates = study.budget.max_trials - 1
+    hits = 0
+    for _ in range(count):
+        planted = int(rng.integers(1, candidates + 1))
+        hits += new_study(ArmsWorld(rng, base, changed, planted), candidates, study) == planted
+    return hits, count
+
+
 def known_study(design: dict[str, Any], weak: str, cache: Path, seed: int,
                 model: str | None) -> tuple[Study, ListProposer]:
     """A study of the healthy base offered the known change and a decoy (the base again under
@@ -266,10 +301,14 @@ def known_study(design: dict[str, Any], weak: str, cache: Path, seed: int,
             ({**NO_OP, "seed": 101}, "the base config again under another seed: a decoy")]
     study = make_study("known", design, weak, cache, "optuna", seed, model, healthy=True)
     space = _choices(jobs, study.base_trial.model_dump(mode="json"))
+    # Three fresh seeds a side: the test check then compares 3 runs of the change with 6 of the
+    # base (baseline, bank, re-runs), and at a run SD near 2.5 points its 95% interval is about
+    # +-4 points wide, narrow enough for the effect the arms part measures.
     return Study.model_validate({
         **study.model_dump(mode="json"), "search_space": space,
-        "budget": {**design["budget"], "max_trials": 1 + len(jobs), "confirm_seeds": 2,
-                   "max_confirm_trials": 4, "seed_bank": 3}}), ListProposer(jobs)
+        "executor": {"max_parallel_trials": 4},
+        "budget": {**design["budget"], "max_trials": 1 + len(jobs), "confirm_seeds": 3,
+                   "max_confirm_trials": 6, "seed_bank": 3}}), ListProposer(jobs)
 
 
 def test_over_runs(directory: Path) -> RunTest | None:
@@ -467,6 +506,14 @@ def main() -> int:
               f"{fmt(_est(known['dev_gain']))}; test over runs "
               f"{fmt(_est(runs)) if runs else 'n/a'}")
         summary["known_change_pass"] = verdict == "PASS"
+        if "arms" in parts:
+            study, _ = known_study(design, args.weak, cache, args.seed, args.model)
+            hits, n = keeps_of_real_change(Path(parts["arms"]["directory"]),
+                                           design["known_change"], study, args.pseudo)
+            print(f"(c) how often this study's design keeps the change, resampled from the arms' "
+                  f"real runs: {rate(hits, n)} of {n} pseudo-studies")
+            summary["known_change_kept_rate"] = {"hits": hits, "studies": n,
+                                                 "rate": rate(hits, n)}
     if all(k in parts for k in LEGACY):
         pos, null, rnd = (parts[k] for k in LEGACY)
         gain = pos["test_gain"]

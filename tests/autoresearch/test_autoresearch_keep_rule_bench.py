@@ -98,7 +98,7 @@ def test_the_known_change_study_offers_the_change_and_a_decoy_under_the_default_
     changes = [c for c, _ in proposer.jobs]
     assert changes[0] == design["known_change"] and changes[1]["seed"] != study.base_trial.seed
     assert study.budget.max_trials == 3 and study.budget.seed_bank == 3
-    assert study.budget.confirm_seeds == 2
+    assert study.budget.confirm_seeds == 3 and study.budget.max_confirm_trials == 6
     for c in changes:
         study.space().validate(c)
 
@@ -118,3 +118,21 @@ def test_the_demo_rl_bench_forks_each_variant_from_the_demos_warmup_and_decides_
     assert [c for c, _ in proposer.jobs] == variants
     for changes in variants:
         study.space().validate(changes)
+
+
+def test_real_runs_of_a_large_change_are_kept_and_runs_of_the_same_config_are_not():
+    bench = _study_bench()
+    rng = np.random.default_rng(3)
+    tasks = [f"dev-{i:02d}" for i in range(96)]
+    base = [{t: bool(rng.random() < 0.1) for t in tasks} for _ in range(10)]
+    better = [{t: bool(rng.random() < 0.5) for t in tasks} for _ in range(10)]
+    study, _ = bench.known_study(bench.DESIGNS["full"], "rl-lr-high", Path("unused"), 0, None)
+    world = bench.ArmsWorld(np.random.default_rng(0), base, better, changed=1)
+    assert world.run(1, 0) in better and world.run(0, 0) in base and world.run(2, 0) in base
+    assert world.run(1, 0) is world.run(1, 0)  # one run per (config, seed)
+    hits = sum(bench.new_study(bench.ArmsWorld(np.random.default_rng(k), base, better, 1), 2,
+                               study) == 1 for k in range(20))
+    assert hits >= 18
+    same = sum(bench.new_study(bench.ArmsWorld(np.random.default_rng(k), base, base[::-1], 1), 2,
+                               study) != 0 for k in range(20))
+    assert same <= 2
