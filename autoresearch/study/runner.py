@@ -493,7 +493,9 @@ class StudyRunner:
             self.journal.event("proposer", f"proposer failed: {type(exc).__name__}: {exc}")
             self._exploring = False
             return rows
-        planned: list[TrialConfig] = []
+        # The baseline queued just above has not run, so the journal's trials do not count its
+        # steps yet: they are planned like the proposals'.
+        planned: list[TrialConfig] = [self.space.base] if rows else []
         new_rows = []
         for proposal in batch.proposals:
             try:

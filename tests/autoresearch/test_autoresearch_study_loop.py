@@ -54,6 +54,16 @@ def test_the_step_budget_limits_how_many_trials_are_proposed(tmp_path: Path):
     assert any("step budget" in e["message"] for e in journal.events())
 
 
+def test_the_step_budget_counts_the_baseline_queued_in_the_same_batch(tmp_path: Path):
+    # Four may run at once, but 50 steps hold only two 20-step trials: the baseline and one.
+    study = Study(name="steps", search_space=LR, base_trial={"rl": {"steps": 20}},
+                  budget={"max_trials": 10, "max_steps": 50, "confirm_seeds": 0},
+                  executor={"max_parallel_trials": 4})
+    run_study(study, tmp_path, executor=SyntheticExecutor(lambda c: 0.3))
+    trials = Journal(tmp_path, read_only=True).trials()
+    assert [t["role"] for t in trials] == ["baseline", "explore"]
+
+
 def test_a_promising_candidate_is_re_run_with_new_seeds_before_it_is_kept(tmp_path: Path):
     # lr 2e-4 is truly better (0.75 vs 0.45) on 64 tasks.
     def quality(c):
