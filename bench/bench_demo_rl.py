@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "datasets"), str(ROOT / "bench")]
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-from bench_study import ListProposer, _choices, fmt  # noqa: E402
+from bench_study import ListProposer, _choices, fmt, set_dotted  # noqa: E402
 
 from autoresearch.study.confirmation import against_warmup  # noqa: E402
 from autoresearch.study.journal import Journal  # noqa: E402
@@ -40,22 +40,15 @@ from autoresearch.study.spec import Study  # noqa: E402
 DEMO = ROOT / "autoresearch" / "configs" / "demo_study.yaml"
 
 
-def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
-    for key in parents:
-        tree = tree.setdefault(key, {})
-    tree[leaf] = value
-
-
 def variants_study(base: dict[str, Any], variants: list[dict[str, Any]], parallel: int,
                    warmup: dict[str, Any] | None = None) -> tuple[Study, ListProposer]:
     """The demo study with `base` applied to its base trial (and `warmup` to its warm-up),
     proposing `variants` in order."""
     demo = Study.from_file(DEMO).model_dump(mode="json")
     for dotted, value in base.items():
-        _set(demo["base_trial"], dotted, value)
+        set_dotted(demo["base_trial"], dotted, value)
     for dotted, value in (warmup or {}).items():
-        _set(demo["warmup"], dotted, value)
+        set_dotted(demo["warmup"], dotted, value)
     jobs = [(v, "an RL variant") for v in variants]
     demo.update(name="demo-rl", pruning={"kind": "none"},
                 search_space=_choices(jobs, demo["base_trial"]),

@@ -71,6 +71,12 @@ def bank_study(seeds: int) -> Study:
     return Study.model_validate(demo)
 
 
+def candidates_for(runs: int, wanted: int) -> int:
+    """Candidates a pseudo-study can have when each run it asks for is a distinct bank run: the
+    baseline, two bank runs and a confirmation of two seeds a side take 1 + 2 + 4 of them."""
+    return min(wanted, runs - 1 - 2 - 4)
+
+
 def bank_runs(directory: Path) -> list[dict[str, Any]]:
     trials = Journal(directory, read_only=True).trials()
     return [t for t in trials if t["role"] in ("baseline", "explore") and t.get("dev")]
@@ -140,7 +146,7 @@ def main() -> None:
         print(f"  {r['id']} seed {r['seed']}: dev {r['dev_accuracy']:.3f}")
     print(f"run-to-run SD of dev accuracy: {sd:.4f} ({100 * sd:.1f} points, {len(rows) - 1} df); "
           f"mean {statistics.mean(scores):.3f}")
-    candidates = min(args.candidates, len(runs) - 1 - 2 - 4)
+    candidates = candidates_for(len(runs), args.candidates)
     if candidates < 1:
         raise SystemExit("the bank is too small for a pseudo-study: use more --seeds")
     print(f"\n{args.pseudo} pseudo-studies per cell: baseline + {candidates} candidates, one "

@@ -44,6 +44,7 @@ import argparse
 import json
 import logging
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -55,7 +56,7 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 import numpy as np  # noqa: E402
 from bench_keep_rule import new_study  # noqa: E402
-from bench_seed_bank import pseudo_studies, rate  # noqa: E402
+from bench_seed_bank import bank_runs, candidates_for, pseudo_studies, rate  # noqa: E402
 
 from autoresearch.evaluation.stats import (  # noqa: E402
     Estimate,
@@ -64,11 +65,12 @@ from autoresearch.evaluation.stats import (  # noqa: E402
     pooled_run_test,
 )
 from autoresearch.rl.record import TrialRecord  # noqa: E402
-from autoresearch.study.confirmation import test_arms  # noqa: E402
+from autoresearch.study.confirmation import test_verdicts  # noqa: E402
 from autoresearch.study.decisions import paired_items  # noqa: E402
 from autoresearch.study.journal import Journal  # noqa: E402
 from autoresearch.study.proposers import Context, Proposal, ProposalBatch  # noqa: E402
 from autoresearch.study.runner import run_study  # noqa: E402
+from autoresearch.study.space import flatten  # noqa: E402
 from autoresearch.study.spec import Study  # noqa: E402
 
 NO_OP = {"rl.max_train_tokens": 10**12}
@@ -184,14 +186,12 @@ class ListProposer:
 
 def _choices(jobs: list[tuple[dict[str, Any], str]], base: dict[str, Any]) -> dict[str, Any]:
     """A search space that admits exactly the values the listed jobs and the base config use."""
+    base_values = flatten(base)
     space: dict[str, Any] = {}
     for changes, _ in jobs:
         for key, value in changes.items():
-            node: Any = base
-            for part in key.split("."):
-                node = node.get(part) if isinstance(node, dict) else None
             values = space.setdefault(key, {"choices": []})["choices"]
-            for v in (node, value):
+            for v in (base_values.get(key), value):
                 if v is not None and v not in values:
                     values.append(v)
     return space
@@ -215,12 +215,10 @@ def arms_study(design: dict[str, Any], weak: str, cache: Path, seed: int,
 def arm_runs(directory: Path, change: dict[str, Any]
              ) -> tuple[list[dict[str, bool]], list[dict[str, bool]]]:
     """Dev verdicts of each finished run, as (base arm, change arm)."""
-    trials = [t for t in Journal(directory, read_only=True).trials()
-              if t["role"] in ("baseline", "explore") and t.get("dev")]
-    changed = [_has(t["changes"], change) for t in trials]
-    base = [t["dev"]["verdicts"] for t, c in zip(trials, changed) if not c]
-    change = [t["dev"]["verdicts"] for t, c in zip(trials, changed) if c]
-    return base, change
+    trials = bank_runs(directory)
+    base = [t["dev"]["verdicts"] for t in trials if not _has(t["changes"], change)]
+    changed = [t["dev"]["verdicts"] for t in trials if _has(t["changes"], change)]
+    return base, changed
 
 
 def _has(changes: dict[str, Any] | None, change: dict[str, Any]) -> bool:
@@ -229,9 +227,8 @@ def _has(changes: dict[str, Any] | None, change: dict[str, Any]) -> bool:
 
 def _mean_sd(runs: list[dict[str, bool]]) -> str:
     scores = [sum(r.values()) / len(r) for r in runs]
-    mean = sum(scores) / len(scores)
-    sd = (sum((x - mean) ** 2 for x in scores) / max(1, len(scores) - 1)) ** 0.5
-    return f"{mean:.3f} (SD {sd:.3f}, {len(scores)} runs)"
+    return (f"{statistics.mean(scores):.3f} (SD {statistics.stdev(scores):.3f}, "
+            f"{len(scores)} runs)")
 
 
 def summarise_arms(directory: Path, change_made: dict[str, Any], seconds: float,
@@ -245,7 +242,7 @@ def summarise_arms(directory: Path, change_made: dict[str, Any], seconds: float,
     print(f"  arm B, {json.dumps(change_made)}: dev {_mean_sd(change)}")
     print(f"  B - A over runs: {fmt(interval)} (Student t, run SD {known.run_sd:.3f}, "
           f"{known.df} df, one-sided p {known.p_value:.2g})")
-    candidates = min(3, len(base) - 1 - 2 - 4)
+    candidates = candidates_for(len(base), 3)
     cells: dict[str, Any] = {}
     if candidates >= 1:
         for k, effect in enumerate((0.0, 0.05, 0.10)):
@@ -316,22 +313,23 @@ def test_over_runs(directory: Path) -> RunTest | None:
     against the base config's runs, over runs."""
     journal = Journal(directory, read_only=True)
     best = journal.study()["best_trial"]
-    if best is None:
-        return None
-    arms = [[t["test"]["verdicts"] for t in arm if (t.get("test") or {}).get("verdicts")]
-            for arm in test_arms(journal.trials(), best)]
-    return pooled_run_test(*arms) if all(len(a) > 1 for a in arms) else None
+    arms = best and test_verdicts(journal.trials(), best)
+    return pooled_run_test(*arms) if arms and min(map(len, arms)) > 1 else None
+
+
+def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `a.b.c` in a nested dict, creating the sections on the way."""
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        tree = tree.setdefault(key, {})
+    tree[leaf] = value
 
 
 def _base_trial(design: dict[str, Any], weak: str | None) -> dict[str, Any]:
     """The design's base trial; with `weak`, one dimension set to its deliberately bad value."""
     base = json.loads(json.dumps(design["base"]))
     for dotted, value in (WEAK[weak][0] if weak else {}).items():
-        node = base
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
+        set_dotted(base, dotted, value)
     return base
 
 

@@ -271,6 +271,16 @@ def test_arms(trials: Sequence[Trial], best_id: str) -> tuple[list[Trial], list[
     return kept, base
 
 
+def test_verdicts(trials: Sequence[Trial], best_id: str
+                  ) -> tuple[list[Verdicts], list[Verdicts]] | None:
+    """Test verdicts of the runs read for each arm (`test_arms`): the best config's and the base
+    config's; None when the best is the baseline or an arm was not read."""
+    kept, base = (
+        [t["test"]["verdicts"] for t in arm if (t.get("test") or {}).get("verdicts")]
+        for arm in test_arms(trials, best_id))
+    return (kept, base) if kept and base else None
+
+
 def against_warmup(trial: Trial, warmup: Trial | None) -> Estimate | None:
     """The trial's dev score minus the warm-up checkpoint's it started from, paired per task
     (None without a scored warm-up or a scored trial): whether RL helped at all."""

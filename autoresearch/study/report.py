@@ -22,7 +22,7 @@ from autoresearch.evaluation.stats import (
 )
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.progress import describe, where
-from autoresearch.study.confirmation import against_warmup, test_arms
+from autoresearch.study.confirmation import against_warmup, test_verdicts
 from autoresearch.study.decision_text import decision_text
 from autoresearch.study.decisions import ErrorBudget, KeepRule, paired_items
 from autoresearch.study.journal import Journal
@@ -87,16 +87,6 @@ def _fmt(value: Any) -> str:
 def _changes(row: dict[str, Any]) -> str:
     changes = row.get("changes") or {}
     return ", ".join(f"{k}={_fmt(v)}" for k, v in changes.items()) or "(base config)"
-
-
-def _test_verdicts(trials: list[dict[str, Any]], best: dict[str, Any]) -> tuple[list, list] | None:
-    """Test verdicts of the runs read for each arm (`confirmation.test_arms`): the best
-    config's and the base config's; None when the best is the baseline or an arm was not
-    read."""
-    kept, base = (
-        [t["test"]["verdicts"] for t in arm if (t.get("test") or {}).get("verdicts")]
-        for arm in test_arms(trials, best["id"]))
-    return (kept, base) if kept and base else None
 
 
 def _mean_acc(runs: list) -> str:
@@ -213,7 +203,7 @@ def build(journal: Journal) -> list[Block]:
     else:
         dev_gain = _paired(best, baseline, "dev")
         same = baseline is not None and best["id"] == baseline["id"]
-        arms = _test_verdicts(trials, best)
+        arms = test_verdicts(trials, best["id"])
         runs_test = pooled_run_test(*arms) if arms and min(map(len, arms)) > 1 else None
         test_gain = runs_test.interval() if runs_test is not None else _paired(
             best, baseline, "test")

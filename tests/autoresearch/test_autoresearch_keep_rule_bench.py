@@ -14,10 +14,11 @@ from autoresearch.study.spec import Study
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_keep_rule.py"
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_keep_rule", BENCH)
+def _bench(name: str = "bench_keep_rule"):
+    """A benchmark script loaded as a module (bench/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, BENCH.with_name(f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_keep_rule", module)
+    sys.modules.setdefault(name, module)
     spec.loader.exec_module(module)
     return module
 
@@ -44,16 +45,8 @@ def test_equal_configs_keep_the_baseline():
     assert sum(k != 0 for k in kept) <= 2
 
 
-def _seed_bank_bench():
-    path = BENCH.with_name("bench_seed_bank.py")
-    spec = importlib.util.spec_from_file_location("bench_seed_bank", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_bank_pseudo_studies_use_each_run_once_and_find_a_large_spiked_effect():
-    bench = _seed_bank_bench()
+    bench = _bench("bench_seed_bank")
     rng = np.random.default_rng(1)
     runs = [{f"dev-{i:02d}": bool(rng.random() < 0.2) for i in range(48)} for _ in range(12)]
     world = bench.BankWorld(np.random.default_rng(0), runs)
@@ -65,16 +58,8 @@ def test_bank_pseudo_studies_use_each_run_once_and_find_a_large_spiked_effect():
     assert found >= 80
 
 
-def _study_bench():
-    path = BENCH.with_name("bench_study.py")
-    spec = importlib.util.spec_from_file_location("bench_study", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_arms_study_runs_each_arm_on_its_own_seeds_and_admits_only_them(tmp_path):
-    bench = _study_bench()
+    bench = _bench("bench_study")
     design = bench.DESIGNS["full"]
     study, proposer = bench.arms_study(design, "rl-lr-high", tmp_path, 0, None, seeds=10)
     arm_b = [c for c, _ in proposer.jobs if bench._has(c, design["known_change"])]
@@ -92,7 +77,7 @@ def test_the_arms_study_runs_each_arm_on_its_own_seeds_and_admits_only_them(tmp_
 
 
 def test_the_known_change_study_offers_the_change_and_a_decoy_under_the_default_rule(tmp_path):
-    bench = _study_bench()
+    bench = _bench("bench_study")
     design = bench.DESIGNS["full"]
     study, proposer = bench.known_study(design, "rl-lr-high", tmp_path, 0, None)
     changes = [c for c, _ in proposer.jobs]
@@ -104,10 +89,7 @@ def test_the_known_change_study_offers_the_change_and_a_decoy_under_the_default_
 
 
 def test_the_demo_rl_bench_forks_each_variant_from_the_demos_warmup_and_decides_nothing():
-    path = BENCH.with_name("bench_demo_rl.py")
-    spec = importlib.util.spec_from_file_location("bench_demo_rl", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench("bench_demo_rl")
     variants = [{"rl.adam.learning_rate": 3e-5}, {"rl.temperature": 0.7}]
     study, proposer = bench.variants_study({"reward.weights.executes": 0.0}, variants, 3,
                                            {"sft.steps": 20})
@@ -121,7 +103,7 @@ def test_the_demo_rl_bench_forks_each_variant_from_the_demos_warmup_and_decides_
 
 
 def test_real_runs_of_a_large_change_are_kept_and_runs_of_the_same_config_are_not():
-    bench = _study_bench()
+    bench = _bench("bench_study")
     rng = np.random.default_rng(3)
     tasks = [f"dev-{i:02d}" for i in range(96)]
     base = [{t: bool(rng.random() < 0.1) for t in tasks} for _ in range(10)]
