@@ -39,31 +39,20 @@ from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.progress import ProgressCallback, ProgressTracker, describe
 from autoresearch.rl.record import TrialRecord
 from autoresearch.rl.trial import TrialResult
-from autoresearch.study.confirmation import (
-    ACTIVE,
-    EVIDENCE_ROLES,
-    Rerun,
-    RetryBaseline,
-    StudyFailed,
-    Wait,
-    against_warmup,
-    bank_run_sd,
-    evidence_seeds,
-    next_decision,
-    test_arms,
-)
+from autoresearch.study.confirmation import ACTIVE, EVIDENCE_ROLES, bank_run_sd
 from autoresearch.study.control import (
     ControlledExecutor,
     ControlledProposer,
     StudyControl,
     TrialStopped,
 )
-from autoresearch.study.decision_text import decision_text
 from autoresearch.study.decisions import keep_rule_for
 from autoresearch.study.environment import environment_text, fingerprint
 from autoresearch.study.executors.base import Executor, TrialJob
 from autoresearch.study.executors.local import LocalExecutor
+from autoresearch.study.final_check import read_test_once
 from autoresearch.study.journal import Journal
+from autoresearch.study.keeping import DecisionsImpossible, KeepRuleJournal
 from autoresearch.study.proposers import Context, ProposalBatch, Proposer, make_proposer
 from autoresearch.study.pruning import StudyPruning, TrialPruned, intermediate_step
 from autoresearch.study.space import config_diff, config_key
@@ -89,11 +78,13 @@ def _run_exclusively(executor: Executor, job: TrialJob, sink: Any) -> TrialResul
         lock = _IN_PROCESS.setdefault(job.directory, threading.Lock())
     with lock:
         return executor.run(job, sink)
+
+
+def _ignore(entry: dict[str, Any]) -> None:
+    """A step sink for jobs whose steps nobody follows (the final test check)."""
+
+
 STEP_FLUSH_SECONDS = 2.0
-
-
-class DecisionsImpossible(RuntimeError):
-    """The keep rule cannot decide anything (the baseline keeps crashing): the study fails."""
 
 
 @dataclass
@@ -126,6 +117,8 @@ class StudyRunner:
         self.space = study.space()
         self.rule = keep_rule_for(study.budget)
         self.journal = Journal(self.dir)
+        self.keeping = KeepRuleJournal(study, self.journal, self.rule, lambda: self.space.base,
+                                       self._trial_row)
         self.control = StudyControl(self.dir)
         proposer = proposer or make_proposer(study.proposer, study.seed)
         if not isinstance(proposer, ControlledProposer):
@@ -164,7 +157,9 @@ class StudyRunner:
                     trials = self._controlled(self._with_trial_cache(given))
                     evidence = trials if self._replays_evidence() else executor
                     self._loop(trials, evidence)
-                    self._final_test(evidence)
+                    read_test_once(self.study, self.journal, self.dir,
+                                   lambda job: _run_exclusively(evidence, job, _ignore),
+                                   self._say_once)
                 except KeyboardInterrupt:
                     self._interrupt()  # before the server goes down under the trials
                     raise
@@ -191,8 +186,6 @@ class StudyRunner:
         """Run (or reuse) the declared warm-up; every trial then starts from its checkpoint."""
         if self.study.warmup is None:
             return
-        from autoresearch.study.warmup import WARMUP_ID
-
         owner, exists = self._checkpoint_access()
         stage = WarmupStage(self.study, self.journal, self.dir, self._server_data, owner, exists)
         self._trackers[WARMUP_ID] = ProgressTracker(stage.config)
@@ -357,7 +350,7 @@ class StudyRunner:
         finished = False
         try:
             while True:
-                self._decide()
+                self.keeping.decide()
                 if self._rounds and self.pruning.enabled:
                     self.pruning.start_round(self.journal.trials(), self._intermediate_evals())
                 for row in self.journal.trials():
@@ -673,164 +666,6 @@ class StudyRunner:
         log.info("trial %s done: dev accuracy %s", trial_id, acc.get("value"))
         self._trace_trial(trial_id, row["config"], row["rationale"], acc, result.steps,
                           result.tokens, result.wall_seconds)
-
-    # ---------------------------------------------------------- final test
-    def _final_test(self, executor: Executor) -> None:
-        """Read the test split once, for the runs `test_arms` names (the kept config's fresh
-        re-runs and the base config's runs), each evaluated from its checkpoint on the same
-        test tasks. A resumed study only finishes that read."""
-        tasks = self.study.base_trial.eval.test_tasks
-        best_id = self.journal.study()["best_trial"]
-        if not tasks or best_id is None:
-            return
-        trials = self.journal.trials()
-        planned = [e for e in self.journal.events() if e["kind"] == "test plan"]
-        if planned:
-            # The split was (being) read for these; a resume finishes that read and never
-            # starts another, whatever the best is now.
-            ids = (planned[0]["data"] or {}).get("trials", [])
-            if best_id not in ids:
-                self._say_once("test-once", f"the test split was already read for {ids}; it "
-                               f"is not read again for {best_id}")
-            contenders = [self.journal.trial(i) for i in ids]
-        else:
-            kept, base = test_arms(trials, best_id)
-            contenders = kept + base
-            self.journal.event("test plan", "the test split is read once, for "
-                               + ", ".join(c["id"] for c in contenders),
-                               trials=[c["id"] for c in contenders])
-        for row in contenders:
-            if row.get("test") or not row.get("checkpoint"):
-                continue
-            config = TrialConfig.model_validate(row["config"]).with_changes({
-                "name": f"{row['config']['name']}-test", "init_checkpoint": row["checkpoint"],
-                "sft.steps": 0, "rl.steps": 0, "eval.every": 0, "eval.dev_tasks": 0,
-                "eval.test_tasks": tasks, "eval.baseline": False,
-                "eval.transfer_tasks": self.study.base_trial.eval.transfer_tasks})
-            job = TrialJob(f"{row['id']}-test", config,
-                           (self.dir / "final-test" / row["id"]).resolve())
-            try:
-                result = _run_exclusively(executor, job, lambda entry: None)
-            except Exception as exc:  # noqa: BLE001 - a failed check is reported, not fatal
-                self.journal.event("test", f"final test check of {row['id']} failed: "
-                                   f"{type(exc).__name__}: {exc}", row["id"])
-                return
-            acc = (result.test or {}).get("accuracy") or {}
-            self.journal.update_trial(
-                row["id"], test=result.test, test_accuracy=acc.get("value"),
-                test_low=acc.get("low"), test_high=acc.get("high"), test_n=acc.get("n"))
-            self.journal.event("test", f"test split read once for {row['id']}: accuracy "
-                               f"{acc.get('value')} on {acc.get('n')} tasks", row["id"])
-            self._journal_transfer(row["id"], job.directory)
-
-    def _journal_transfer(self, trial_id: str, directory: Path) -> None:
-        """The transfer split, read in the same single check as test (databases no corpus
-        has): journaled as a `transfer` event with its accuracy and executing rate."""
-        final = TrialRecord(directory).final() or {}
-        transfer = final.get("transfer")
-        if not transfer:
-            return
-        acc = transfer["accuracy"]
-        self.journal.event(
-            "transfer", f"transfer split read once for {trial_id}: accuracy {acc['value']:.3f} "
-            f"[{acc['low']:.3f}, {acc['high']:.3f}], executing {transfer['execute_rate']:.3f}, "
-            f"on {acc['n']} tasks", trial_id, accuracy=acc,
-            execute_rate=transfer["execute_rate"], verdicts=transfer["verdicts"])
-
-    # ----------------------------------------------------------- deciding
-    def _decide(self) -> None:
-        """Apply the keep rule to finished trials, in order, until one has to wait
-        (`confirmation.next_decision` decides; this carries it out in the journal)."""
-        while True:
-            decision = next_decision(self.journal.trials(), self.journal.study()["best_trial"],
-                                     self.rule, self.study.budget, self._seeds())
-            if decision is None or isinstance(decision, Wait):
-                return
-            if isinstance(decision, StudyFailed):
-                raise DecisionsImpossible(decision.reason)
-            if isinstance(decision, RetryBaseline):
-                baseline = decision.baseline
-                self.journal.update_trial(baseline["id"], status="queued", error=None)
-                self.journal.event("trial", "the baseline crashed; running it again (every "
-                                   "candidate is judged against it)", baseline["id"])
-                return
-            if isinstance(decision, Rerun):
-                self._queue_reruns(decision)
-                return
-            verdict = "kept" if decision.kept else "discarded"
-            self._record(decision.candidate, decision.incumbent, decision.rule, decision.test,
-                         verdict, decision.note, decision.runs)
-
-    def _seeds(self):
-        return evidence_seeds(self.study.seed, self.space.base.seed, self.study.budget)
-
-    def _queue_seed_bank(self, seeds: list[int], number: int) -> int:
-        """Journal the seed bank: the base config on seeds of its own; with the baseline's run,
-        its spread is the run-to-run noise every confirmation is judged against. Queued with
-        the first confirmation (a study that confirms nothing spends nothing on it). Returns
-        the next trial number."""
-        if not seeds:
-            return number
-        baseline = next(t for t in self.journal.trials() if t["role"] == "baseline")
-        base = self.space.base
-        rows = []
-        for seed in seeds:
-            rows.append(self._trial_row(
-                number, "bank", base.with_changes({"seed": seed}), {}, "seed bank",
-                f"the base config with seed {seed}: with the baseline's own run, the seed bank "
-                "that measures run-to-run noise", base, None, replicate_of=baseline["id"]))
-            number += 1
-        self.journal.add_trials(rows)
-        self.journal.event("seed bank", f"the base config on {len(seeds)} more seeds {seeds} "
-                           f"(with {baseline['id']}: {len(seeds) + 1} runs) measures run-to-run "
-                           "noise", baseline["id"], seeds=seeds, queued=[r["id"] for r in rows])
-        return number
-
-    def _queue_reruns(self, rerun: Rerun) -> None:
-        """Journal the confirmation re-runs a first look asked for; the loop starts them."""
-        candidate, incumbent = rerun.candidate, rerun.incumbent
-        number = self._queue_seed_bank(rerun.bank, self.journal.next_number())
-        if not rerun.missing:
-            return
-        rows = []
-        best_config = TrialConfig.model_validate(incumbent["config"])
-        for contender, seed in rerun.missing:
-            config = TrialConfig.model_validate(contender["config"]).with_changes({"seed": seed})
-            rows.append(self._trial_row(
-                number, "confirm", config, contender["changes"] or {}, "keep rule",
-                f"re-run of {contender['id']} with seed {seed}: {candidate['id']} was ahead "
-                f"of {incumbent['id']} on the first look", best_config,
-                incumbent["id"], replicate_of=contender["id"]))
-            number += 1
-        self.journal.add_trials(rows)
-        self.journal.event("decision", f"{candidate['id']} vs {incumbent['id']}: ahead on "
-                           f"the first look; confirming on fresh seeds {rerun.seeds}",
-                           candidate["id"], queued=[r["id"] for r in rows])
-
-    def _record(self, candidate: dict[str, Any], incumbent: dict[str, Any] | None, rule: str,
-                comparison: Any, verdict: str, note: str, runs: Any = None) -> None:
-        diff = comparison.as_dict() if comparison is not None else {}
-        if runs is not None:
-            diff.update(runs.as_dict())
-        warmup = next(iter(self.journal.trials("id = ?", [WARMUP_ID])), None)
-        vs_warmup = against_warmup(candidate, warmup)
-        alpha = self.rule.budget.per_confirmation if rule == "confirmation" else None
-        decision = {"verdict": verdict, "rule": rule, "against": incumbent and incumbent["id"],
-                    **diff, "alpha": alpha, "note": note}
-        if vs_warmup is not None:
-            decision["vs_warmup"] = vs_warmup.as_dict()
-        decision["conclusion"] = conclusion = decision_text(decision)
-        self.journal.add_decision(
-            {"candidate": candidate["id"], "incumbent": incumbent and incumbent["id"],
-             "rule": rule, "difference": diff.get("value"), "low": diff.get("low"),
-             "high": diff.get("high"), "n": diff.get("n"), "seeds": diff.get("seeds"),
-             "wins": diff.get("wins"), "losses": diff.get("losses"),
-             "p_value": diff.get("p_value"), "alpha": alpha,
-             "verdict": verdict, "note": note, "conclusion": conclusion},
-            {candidate["id"]: {"status": verdict, "decision": decision}},
-            best_trial=candidate["id"] if verdict == "kept" else None)
-        log.info("decision on %s: %s", candidate["id"], conclusion)
-
 
 def dev_only(config: TrialConfig) -> TrialConfig:
     """A study's trials read the dev split only; test (and transfer) are read once, by the

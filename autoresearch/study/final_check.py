@@ -1,0 +1,83 @@
+"""The study's one read of the test split (and the transfer split beside it): for the runs
+`confirmation.test_arms` names, each evaluated from its checkpoint on the same test tasks, with
+the plan journaled first so that a resumed study finishes that read and never starts another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from autoresearch.rl.config import TrialConfig
+from autoresearch.rl.record import TrialRecord
+from autoresearch.rl.trial import TrialResult
+from autoresearch.study.confirmation import test_arms
+from autoresearch.study.executors.base import TrialJob
+from autoresearch.study.journal import Journal
+from autoresearch.study.spec import Study
+
+RunJob = Callable[[TrialJob], TrialResult]
+"""Runs one evaluation job to its end (the runner holds the trial directory's lock)."""
+
+
+def read_test_once(study: Study, journal: Journal, directory: Path, run: RunJob,
+                   say: Callable[[str, str], None]) -> None:
+    """Read the test split once, for the kept config's fresh re-runs and the base config's
+    runs; `say(key, message)` tells the user, once, why a resume reads nothing new."""
+    tasks = study.base_trial.eval.test_tasks
+    best_id = journal.study()["best_trial"]
+    if not tasks or best_id is None:
+        return
+    planned = [e for e in journal.events() if e["kind"] == "test plan"]
+    if planned:
+        # The split was (being) read for these; a resume finishes that read and never starts
+        # another, whatever the best is now.
+        ids = (planned[0]["data"] or {}).get("trials", [])
+        if best_id not in ids:
+            say("test-once", f"the test split was already read for {ids}; it is not read "
+                f"again for {best_id}")
+        contenders = [journal.trial(i) for i in ids]
+    else:
+        kept, base = test_arms(journal.trials(), best_id)
+        contenders = kept + base
+        journal.event("test plan", "the test split is read once, for "
+                      + ", ".join(c["id"] for c in contenders),
+                      trials=[c["id"] for c in contenders])
+    for row in contenders:
+        if row.get("test") or not row.get("checkpoint"):
+            continue
+        config = TrialConfig.model_validate(row["config"]).with_changes({
+            "name": f"{row['config']['name']}-test", "init_checkpoint": row["checkpoint"],
+            "sft.steps": 0, "rl.steps": 0, "eval.every": 0, "eval.dev_tasks": 0,
+            "eval.test_tasks": tasks, "eval.baseline": False,
+            "eval.transfer_tasks": study.base_trial.eval.transfer_tasks})
+        job = TrialJob(f"{row['id']}-test", config,
+                       (directory / "final-test" / row["id"]).resolve())
+        try:
+            result = run(job)
+        except Exception as exc:  # noqa: BLE001 - a failed check is reported, not fatal
+            journal.event("test", f"final test check of {row['id']} failed: "
+                          f"{type(exc).__name__}: {exc}", row["id"])
+            return
+        acc = (result.test or {}).get("accuracy") or {}
+        journal.update_trial(
+            row["id"], test=result.test, test_accuracy=acc.get("value"),
+            test_low=acc.get("low"), test_high=acc.get("high"), test_n=acc.get("n"))
+        journal.event("test", f"test split read once for {row['id']}: accuracy "
+                      f"{acc.get('value')} on {acc.get('n')} tasks", row["id"])
+        journal_transfer(journal, row["id"], job.directory)
+
+
+def journal_transfer(journal: Journal, trial_id: str, directory: Path) -> None:
+    """The transfer split, read in the same single check as test (databases no corpus has):
+    journaled as a `transfer` event with its accuracy and executing rate."""
+    final = TrialRecord(directory).final() or {}
+    transfer = final.get("transfer")
+    if not transfer:
+        return
+    acc = transfer["accuracy"]
+    journal.event(
+        "transfer", f"transfer split read once for {trial_id}: accuracy {acc['value']:.3f} "
+        f"[{acc['low']:.3f}, {acc['high']:.3f}], executing {transfer['execute_rate']:.3f}, "
+        f"on {acc['n']} tasks", trial_id, accuracy=acc,
+        execute_rate=transfer["execute_rate"], verdicts=transfer["verdicts"])
