@@ -1,13 +1,15 @@
 """Do studies decide correctly on the embedded Gemma? Controls with each run's own luck.
 
-Every study here declares the same warm-up (SFT on gold queries); the first trains it, the
-others reuse it from the bench's warm-up cache, so all trials fork from one checkpoint. Each
+The studies of a part declare the same warm-up (SFT on gold queries): the first trains it,
+the others reuse it from the bench's warm-up cache, so their trials fork from one checkpoint
+(the arms and known parts from the demo's 32-step warm-up, the earlier controls from 16). Each
 study runs on its own embedded server (the packaged Gemma 3 270M on CPU), one after another.
 The default parts:
 
 `arms`: two configs measured beforehand, as one study that decides nothing: the healthy base
     config under `--seeds` seeds (the baseline's own and `--seeds - 1` more) and the base with
-    the design's known change (16 more SFT steps inside each trial: a longer warm-up) under
+    the design's known change (the demo's RL recipe: 6 GRPO steps of 4 x 8 rewarded for the
+    right result only, in place of 3 steps of 4 x 4 with the default reward) under
     `--seeds` seeds of its own, every run scored on the same dev tasks. From these runs:
     (a) A/A: the base arm is a seed bank of one healthy config; it is resampled into
         `--pseudo` pseudo-studies (a baseline and three candidates that are all this config,
@@ -30,7 +32,7 @@ re-proposed under other seeds (see docs/studies.md for what they showed).
 
 Decisions are the studies' own (dev split only); each study reads the test split once.
 
-    python bench/bench_study.py                    # arms and known (about 50 min, 2 quiet cores)
+    python bench/bench_study.py                    # arms and known (about 75 min, 2 quiet cores)
     python bench/bench_study.py --smoke            # the same pipeline, tiny sizes (minutes)
     python bench/bench_study.py --resume runs/bench-study/<stamp>   # finish an interrupted run
 
@@ -100,9 +102,20 @@ DESIGNS: dict[str, dict[str, Any]] = {
         "budget": {"max_trials": 4, "confirm_seeds": 1, "max_confirm_trials": 2},
         "null_trials": 2,
         "parallel": 2,
-        # The real change known to help: 16 more SFT steps on gold queries inside each trial,
-        # before its GRPO steps (a longer warm-up); the arms part measures it beforehand.
-        "known_change": {"sft.steps": 16},
+        # The arms and known parts fork from the demo's longer warm-up (32 steps): from it,
+        # GRPO rewarded for the right result beat the warm-up beyond noise (docs/studies.md,
+        # "Does its RL beat the warm-up?"), where from 16 steps it was neutral.
+        "control_warmup": {"sft": {"steps": 32, "batch_size": 8,
+                                   "adam": {"learning_rate": 5e-4}},
+                           "checkpoint_every": 16},
+        # The real change known to help: the demo's RL recipe (6 GRPO steps of 4 x 8, rewarded
+        # for the right result only) in place of the base's 3 steps of 4 x 4 with the default
+        # reward; the arms part measures it beforehand. (16 more SFT steps inside the trial,
+        # the change measured first, gained +4.6 points: a study of this size keeps that about
+        # one time in seven.)
+        "known_change": {"rl.steps": 6, "rl.group_size": 8, "reward.weights.executes": 0.0},
+        "known_label": "the demo's RL recipe: 6 GRPO steps of 4 x 8, rewarded for the right "
+                       "result only",
     },
     # The same pipeline at toy sizes: proves it runs end to end, decides nothing.
     "smoke": {
@@ -118,7 +131,8 @@ DESIGNS: dict[str, dict[str, Any]] = {
         "budget": {"max_trials": 2, "confirm_seeds": 1, "max_confirm_trials": 2},
         "null_trials": 1,
         "parallel": 2,
-        "known_change": {"sft.steps": 1},
+        "known_change": {"rl.steps": 3, "reward.weights.executes": 0.0},
+        "known_label": "one more RL step, rewarded for the right result only",
     },
 }
 
@@ -201,13 +215,16 @@ def arms_study(design: dict[str, Any], weak: str, cache: Path, seed: int,
                model: str | None, seeds: int) -> tuple[Study, ListProposer]:
     """Both arms as one study that decides nothing: no pruning, no confirmations."""
     jobs = _arm_jobs(design["known_change"], seeds)
-    study = make_study("arms", design, weak, cache, "optuna", seed, model, healthy=True)
+    study = make_study("arms", design, weak, cache, "optuna", seed, model, healthy=True,
+                       warmup=design.get("control_warmup"))
     return Study.model_validate({
         **study.model_dump(mode="json"),
         "search_space": _choices(jobs, study.base_trial.model_dump(mode="json")),
         "pruning": {"kind": "none"},
-        # four runs side by side: decoding fuses across runs, so the two cores do more work
-        "executor": {"max_parallel_trials": 4},
+        # four runs side by side: decoding fuses across runs, so the two cores do more work;
+        # as soon as one ends the next starts (the arms' runs differ in length, and with a
+        # fixed list and no pruning nothing depends on the order they end in)
+        "executor": {"max_parallel_trials": 4, "schedule": "asap"},
         "budget": {"max_trials": 2 * seeds, "confirm_seeds": 0, "max_confirm_trials": 0,
                    "seed_bank": 0}}), ListProposer(jobs)
 
@@ -294,9 +311,10 @@ def known_study(design: dict[str, Any], weak: str, cache: Path, seed: int,
                 model: str | None) -> tuple[Study, ListProposer]:
     """A study of the healthy base offered the known change and a decoy (the base again under
     another seed, which must not be kept), with the default keep rule and its test check."""
-    jobs = [(dict(design["known_change"]), "a longer warm-up inside the trial"),
+    jobs = [(dict(design["known_change"]), design["known_label"]),
             ({**NO_OP, "seed": 101}, "the base config again under another seed: a decoy")]
-    study = make_study("known", design, weak, cache, "optuna", seed, model, healthy=True)
+    study = make_study("known", design, weak, cache, "optuna", seed, model, healthy=True,
+                       warmup=design.get("control_warmup"))
     space = _choices(jobs, study.base_trial.model_dump(mode="json"))
     # Three fresh seeds a side: the test check then compares 3 runs of the change with 6 of the
     # base (baseline, bank, re-runs), and at a run SD near 2.5 points its 95% interval is about
@@ -335,14 +353,15 @@ def _base_trial(design: dict[str, Any], weak: str | None) -> dict[str, Any]:
 
 def make_study(name: str, design: dict[str, Any], weak: str, cache: Path, proposer: str,
                seed: int, model: str | None, healthy: bool = False,
-               trials: Path | None = None, extra_space: dict[str, Any] | None = None) -> Study:
+               trials: Path | None = None, extra_space: dict[str, Any] | None = None,
+               warmup: dict[str, Any] | None = None) -> Study:
     space = {**WEAK[weak][1], **(extra_space or {})}
     base = _base_trial(design, None if healthy else weak)
     if model is not None:  # another embedded model: the trials must name it
         base.update(base_model=model, tokenizer=model)
     return Study.model_validate({
         "name": name, "seed": seed, "embedded_model": model, "base_trial": base,
-        "warmup": {**design["warmup"], "cache_dir": str(cache)},
+        "warmup": {**(warmup or design["warmup"]), "cache_dir": str(cache)},
         "pruning": design["pruning"], "search_space": space, "budget": design["budget"],
         "trial_cache": None if trials is None else {"dir": str(trials)},
         "proposer": {"kind": proposer, "startup_trials": 2},

@@ -72,8 +72,12 @@ def test_the_arms_study_runs_each_arm_on_its_own_seeds_and_admits_only_them(tmp_
     space = study.space()
     for changes, _ in proposer.jobs:  # every listed run is inside the declared space
         space.validate(changes)
-    # the base config's own value of the changed field is admitted too (the base arm)
-    assert 0 in study.search_space["sft.steps"].choices
+    # the base config's own values of the changed fields are admitted too (the base arm)
+    assert 3 in study.search_space["rl.steps"].choices
+    assert 0.1 in study.search_space["reward.weights.executes"].choices
+    # both arms fork from the control warm-up, and a short run never waits for a long one
+    assert study.warmup.sft.steps == design["control_warmup"]["sft"]["steps"]
+    assert study.executor.schedule == "asap"
 
 
 def test_the_known_change_study_offers_the_change_and_a_decoy_under_the_default_rule(tmp_path):
