@@ -317,9 +317,9 @@ def known_study(design: dict[str, Any], weak: str, cache: Path, seed: int,
                        warmup=design.get("control_warmup"))
     space = _choices(jobs, study.base_trial.model_dump(mode="json"))
     # Three fresh seeds a side: the test check then compares 3 runs of the change with 6 of the
-    # base (baseline, bank, re-runs). At the run SD the arms measure (3-5 points) this
-    # confirmation finds gains of about +10 points half the time and +4 points one time in
-    # seven: the resampled keep rate printed beside the verdict says which this run was.
+    # base (baseline, bank, re-runs). At the run SD the arms measure (3-5 points) a study of
+    # this design keeps a +4-point change about one time in seven: the resampled keep rate
+    # printed beside the verdict is that figure for the change this run measured.
     return Study.model_validate({
         **study.model_dump(mode="json"), "search_space": space,
         "executor": {"max_parallel_trials": 4},
