@@ -94,11 +94,15 @@ class BankWorld:
 
     def run(self, config: int, seed: int) -> dict[str, bool]:
         if (config, seed) not in self.runs:
-            verdicts = dict(self.bank[self.pool.pop()])
-            if config == self.spiked:
-                verdicts.update(dict.fromkeys(self.spike & set(verdicts), True))
-            self.runs[(config, seed)] = verdicts
+            self.runs[(config, seed)] = self.draw(config)
         return self.runs[(config, seed)]
+
+    def draw(self, config: int) -> dict[str, bool]:
+        """A bank run not served yet, for `config` (spiked if it is the spiked config)."""
+        verdicts = dict(self.bank[self.pool.pop()])
+        if config == self.spiked:
+            verdicts.update(dict.fromkeys(self.spike & set(verdicts), True))
+        return verdicts
 
 
 def pseudo_studies(runs: list[dict[str, bool]], count: int, candidates: int, effect: float,

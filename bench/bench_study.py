@@ -58,7 +58,13 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 import numpy as np  # noqa: E402
 from bench_keep_rule import new_study  # noqa: E402
-from bench_seed_bank import bank_runs, candidates_for, pseudo_studies, rate  # noqa: E402
+from bench_seed_bank import (  # noqa: E402
+    BankWorld,
+    bank_runs,
+    candidates_for,
+    pseudo_studies,
+    rate,
+)
 
 from autoresearch.evaluation.stats import (  # noqa: E402
     Estimate,
@@ -274,22 +280,21 @@ def summarise_arms(directory: Path, change_made: dict[str, Any], seconds: float,
             "pseudo_candidates": candidates, "pseudo": cells}
 
 
-class ArmsWorld:
-    """Serves each (config, seed) a pseudo-study asks for with a different real run, drawn
-    without replacement: the changed config's from the change arm, every other from the base
-    arm."""
+class ArmsWorld(BankWorld):
+    """A seed bank of two arms: each (config, seed) a pseudo-study asks for gets a different
+    real run, drawn without replacement, the changed config's from the change arm, every other
+    from the base arm."""
 
     def __init__(self, rng: np.random.Generator, base: list[dict[str, bool]],
                  change: list[dict[str, bool]], changed: int) -> None:
-        self.arms = {False: base, True: change}
-        self.pools = {k: list(rng.permutation(len(v))) for k, v in self.arms.items()}
-        self.changed, self.runs = changed, {}
+        super().__init__(rng, base)
+        self.change, self.changed = change, changed
+        self.change_pool = list(rng.permutation(len(change)))
 
-    def run(self, config: int, seed: int) -> dict[str, bool]:
-        if (config, seed) not in self.runs:
-            arm = config == self.changed
-            self.runs[(config, seed)] = self.arms[arm][self.pools[arm].pop()]
-        return self.runs[(config, seed)]
+    def draw(self, config: int) -> dict[str, bool]:
+        if config == self.changed:
+            return dict(self.change[self.change_pool.pop()])
+        return super().draw(config)
 
 
 def keeps_of_real_change(directory: Path, change: dict[str, Any], study: Study, count: int,
