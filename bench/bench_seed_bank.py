@@ -82,6 +82,15 @@ def bank_runs(directory: Path) -> list[dict[str, Any]]:
     return [t for t in trials if t["role"] in ("baseline", "explore") and t.get("dev")]
 
 
+def take(rng: np.random.Generator, pool: list[int], size: int) -> int:
+    """The next index of a draw without replacement from `size` runs; a study that asks for more
+    runs than the bank holds (one that confirms several candidates) gets them again in a fresh
+    order, rather than a crash that would drop exactly those studies from the rates."""
+    if not pool:
+        pool.extend(rng.permutation(size))
+    return int(pool.pop())
+
+
 class BankWorld:
     """Serves each (config, seed) a study asks for with a different bank run, drawn without
     replacement; a spiked config gets a fixed set of tasks turned right in every run."""
@@ -99,7 +108,7 @@ class BankWorld:
 
     def draw(self, config: int) -> dict[str, bool]:
         """A bank run not served yet, for `config` (spiked if it is the spiked config)."""
-        verdicts = dict(self.bank[self.pool.pop()])
+        verdicts = dict(self.bank[take(self.rng, self.pool, len(self.bank))])
         if config == self.spiked:
             verdicts.update(dict.fromkeys(self.spike & set(verdicts), True))
         return verdicts

@@ -52,6 +52,10 @@ def test_bank_pseudo_studies_use_each_run_once_and_find_a_large_spiked_effect():
     world = bench.BankWorld(np.random.default_rng(0), runs)
     served = [world.run(c, s) for c, s in [(0, 0), (1, 0), (0, 1), (1, 1)]]
     assert len({id(r) for r in served}) == 4 and world.run(0, 0) is served[0]
+    more = [world.run(c, s) for c, s in [(2, 0), (3, 0)] + [(4, s) for s in range(8)]]
+    seen = [tuple(sorted(r.items())) for r in served + more]
+    assert sorted(seen[:12]) == sorted(tuple(sorted(r.items())) for r in runs)  # each once,
+    assert set(seen[12:]) <= set(seen[:12])  # then again in a fresh order, never a crash
     false_keeps, n = bench.pseudo_studies(runs, 100, 3, 0.0, True, seed=0)
     assert n == 100 and false_keeps <= 10
     found, _ = bench.pseudo_studies(runs, 100, 3, 0.5, True, seed=0)
@@ -87,7 +91,7 @@ def test_the_known_change_study_offers_the_change_and_a_decoy_under_the_default_
     changes = [c for c, _ in proposer.jobs]
     assert changes[0] == design["known_change"] and changes[1]["seed"] != study.base_trial.seed
     assert study.budget.max_trials == 3 and study.budget.seed_bank == 3
-    assert study.budget.confirm_seeds == 3 and study.budget.max_confirm_trials == 6
+    assert study.budget.confirm_seeds == 4 and study.budget.max_confirm_trials == 8
     for c in changes:
         study.space().validate(c)
 
