@@ -10,14 +10,14 @@ import pytest
 
 from sqltasks import TIERS, load_corpus
 from sqltasks.generate import read
-from sqltasks.shapes.build import COPIES, database
+from sqltasks.shapes.build import COPIES, database, terse_words
 from sqltasks.shapes.generate import (
     corpus_path,
     databases,
     generate_database,
     nontrivial,
 )
-from sqltasks.shapes.naming import STYLES, quote
+from sqltasks.shapes.naming import STYLES, column_name, quote
 from sqltasks.shapes.themes import themes
 
 
@@ -52,6 +52,24 @@ def test_databases_have_many_shapes_and_naming_styles():
     spellings = {db.table(db.tables[0].entity.singular).name for db in dbs
                  if db.theme == "retail"}
     assert len(spellings) >= 3
+
+
+def test_some_columns_are_named_by_their_head_noun_alone_where_that_is_unambiguous():
+    eligible = terse = 0
+    for db in databases(0):
+        for table in db.tables:
+            for column in table.attributes:
+                head = terse_words(column.field, table.entity)
+                if head is None:
+                    continue
+                eligible += 1
+                if column.name == column_name(db.style, head):
+                    terse += 1
+                    others = [c.field.words.split("_")[-1] for c in table.attributes
+                              if c is not column]
+                    assert head not in others, (db.name, table.name, column.name)
+    # `full_name` -> `name`, `insurance_plan` -> `plan`: the question's words are not the name
+    assert eligible >= 500 and 0.25 <= terse / eligible <= 0.55, (terse, eligible)
 
 
 def test_every_copy_loads_with_its_keys_and_some_nulls():

@@ -126,13 +126,39 @@ def _pick_entities(entities: tuple[EntitySpec, ...], rng: random.Random) -> list
     return [e for e in entities if e.singular in chosen]  # the theme's order: parents first
 
 
-def _columns(entity: EntitySpec, style: str) -> tuple[Column, ...]:
+TERSE_RATE = 0.4
+"""Share of eligible attributes whose column keeps only its head noun (`insurance_plan` -> `plan`,
+`full_name` -> `name`): real schemas name columns more tersely than people ask, so a question's
+words must be matched against the schema, not copied into the query."""
+_HEADS = frozenset((
+    "name", "title", "year", "price", "rate", "wage", "cost", "fee", "total", "number", "class",
+    "tier", "plan", "code", "percent", "premium", "length", "count", "center", "area", "part",
+    "charge", "size", "goals",
+))
+
+
+def terse_words(field: Field, entity: EntitySpec) -> str | None:
+    """The head noun an attribute's column may be named by alone, where that is unambiguous in
+    its table (`home_goals` beside `away_goals` keeps its full name)."""
+    head = field.words.split("_")[-1]
+    if field.kind == "ref" or "_" not in field.words or head not in _HEADS:
+        return None
+    heads = [f.words.split("_")[-1] for f in entity.fields if f.kind != "ref"]
+    return head if heads.count(head) == 1 and head != entity.singular else None
+
+
+def _columns(entity: EntitySpec, style: str, rng: random.Random) -> tuple[Column, ...]:
     out: list[Column] = []
     used = {key_name(style, entity.singular).lower()}
     for field in entity.fields:
-        name = column_name(style, field.words, reference=field.kind == "ref")
-        if name.lower() in used:  # an abbreviation collided: spell it out
-            name = column_name("snake_plural", field.words, reference=field.kind == "ref")
+        ref, terse = field.kind == "ref", terse_words(field, entity)
+        # the terse name if drawn, else the full one; if that collides (an abbreviation), the
+        # full words spelt out
+        tries = [(terse, style)] if terse and rng.random() < TERSE_RATE else []
+        for words, how in [*tries, (field.words, style), (field.words, "snake_plural")]:
+            name = column_name(how, words, reference=ref)
+            if name.lower() not in used:
+                break
         used.add(name.lower())
         out.append(Column(field, name, SQL_TYPES[field.kind]))
     return tuple(out)
@@ -144,11 +170,13 @@ def database(theme_name: str, index: int, seed: int = 0) -> Database:
     rng = random.Random(f"sqltasks-shapes/{seed}/{theme_name}/{index}")
     entities = _pick_entities(theme.entities, rng)
     style = STYLES[(index + rng.randrange(len(STYLES))) % len(STYLES)]
+    terse = random.Random(f"sqltasks-shapes/{seed}/{theme_name}/{index}/terse")
     tables = []
     for entity in entities:
         rows = rng.randint(15, 45) if entity.junction else rng.randint(6, 24)
         tables.append(Table(entity, table_name(style, entity.singular, entity.plural),
-                            key_name(style, entity.singular), _columns(entity, style), rows))
+                            key_name(style, entity.singular), _columns(entity, style, terse),
+                            rows))
     return Database(theme_name, index, seed, style, tuple(tables))
 
 
