@@ -106,7 +106,9 @@ def filters(db: Database, t: Table, rng: random.Random) -> Iterator[Candidate]:
         w = _value(v, rng)
         yield listing("filter_category", [f"Which {plural} have {p} {w}?",
                                           f"List the {plural} whose {p} is {w}.",
-                                          f"Find every {singular} with {p} {w}."],
+                                          f"Find every {singular} with {p} {w}.",
+                                          f"Which {plural} are {v}?",
+                                          f"List the {v} {plural}."],
                       f"{quote(c.name)} = {_s(v)}")
     for c in _kind(t, "int", "money"):
         x = statistics.median(_values(db, t, c))
@@ -127,17 +129,74 @@ def filters(db: Database, t: Table, rng: random.Random) -> Iterator[Candidate]:
         yield listing("filter_year", [f"Which {plural} have a {p} in {year}?",
                                       f"List the {plural} whose {p} falls in {year}."],
                       f"EXTRACT(YEAR FROM {quote(c.name)}) = {year}")
+        if rng.random() < 0.5:
+            yield listing("filter_date_range", [f"Which {plural} have a {p} after {year}?",
+                                                f"List the {plural} whose {p} is later than "
+                                                f"{year}."],
+                          f"{quote(c.name)} >= DATE '{year + 1}-01-01'")
+        else:
+            yield listing("filter_date_range", [f"Which {plural} have a {p} before {year}?",
+                                                f"List the {plural} whose {p} is earlier than "
+                                                f"{year}."],
+                          f"{quote(c.name)} < DATE '{year}-01-01'")
     for c in _kind(t, "bool"):
         p = c.field.phrase
         yield listing("filter_flag", [f"Which {plural} are marked {p}?",
                                       f"List the {plural} that are {p}.",
                                       f"Find the {plural} flagged {p}."],
                       quote(c.name))
+        yield listing("filter_flag_not", [f"Which {plural} are not {p}?",
+                                          f"List the {plural} that are not marked {p}."],
+                      f"NOT {quote(c.name)}")
+
+
+MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August",
+          "September", "October", "November", "December")
 
 
 def aggregates(db: Database, t: Table, rng: random.Random) -> Iterator[Candidate]:
     singular, plural = _words(t)
     name = quote(t.name)
+    if not t.entity.junction:
+        yield Candidate("aggregate", "count_all",
+                        rng.choice([f"How many {plural} are there?",
+                                    f"What is the number of {plural}?",
+                                    f"How many {plural} does the database hold?"]),
+                        f"SELECT COUNT(*) FROM {name}")
+    for n in _kind(t, "int", "money"):
+        col, p = quote(n.name), n.field.phrase
+        low = rng.random() < 0.5
+        yield Candidate("aggregate", "extreme",
+                        rng.choice([f"What is the {'lowest' if low else 'highest'} {p} of any "
+                                    f"{singular}?",
+                                    f"What is the {'smallest' if low else 'largest'} {p} among "
+                                    f"all {plural}?"]),
+                        f"SELECT {'MIN' if low else 'MAX'}({col}) FROM {name}")
+    for d in _kind(t, "date"):
+        early = rng.random() < 0.5
+        yield Candidate("aggregate", "extreme_date",
+                        f"What is the {'earliest' if early else 'latest'} {_date_phrase(d)} of "
+                        f"any {singular}?",
+                        f"SELECT {'MIN' if early else 'MAX'}({quote(d.name)}) FROM {name}")
+        day = rng.choice(_values(db, t, d))
+        start = day.replace(day=1)
+        end = (start.replace(year=start.year + 1, month=1) if start.month == 12
+               else start.replace(month=start.month + 1))
+        yield Candidate("aggregate", "count_month",
+                        f"How many {plural} have a {_date_phrase(d)} in {MONTHS[start.month - 1]} "
+                        f"{start.year}?",
+                        f"SELECT COUNT(*) FROM {name} WHERE {quote(d.name)} >= DATE '{start}' "
+                        f"AND {quote(d.name)} < DATE '{end}'")
+    for c in _kind(t, "bool"):
+        negated = rng.random() < 0.5
+        yield Candidate("aggregate", "count_flag",
+                        f"How many {plural} are {'not ' if negated else ''}{c.field.phrase}?",
+                        f"SELECT COUNT(*) FROM {name} WHERE "
+                        f"{'NOT ' if negated else ''}{quote(c.name)}")
+    for c in [c for c in t.attributes if c.field.nullable]:
+        yield Candidate("aggregate", "count_null",
+                        f"How many {plural} have no {c.field.phrase} recorded?",
+                        f"SELECT COUNT(*) FROM {name} WHERE {quote(c.name)} IS NULL")
     for c in _kind(t, "cat", "city"):
         v = rng.choice(_values(db, t, c))
         w, p = _value(v, rng), c.field.phrase
@@ -182,6 +241,28 @@ def groups(db: Database, t: Table, rng: random.Random) -> Iterator[Candidate]:
                             f"What is the average {n.field.phrase} of {plural} for each "
                             f"{c.field.phrase}?",
                             f"SELECT {col}, AVG({quote(n.name)}) FROM {name} GROUP BY {col}")
+
+
+def groups_by_key(db: Database, t: Table, rng: random.Random) -> Iterator[Candidate]:
+    """Per-parent counts and averages by the foreign key alone ("for each vehicle id")."""
+    _, plural = _words(t)
+    name = quote(t.name)
+    for ref in t.references:
+        parent = db.table(ref.field.arg)
+        if parent is t:
+            continue
+        role, key = _role(ref, parent), quote(ref.name)
+        k = rng.choice((1, 2))
+        yield Candidate("group_having", "having_count_key",
+                        f"Which {role} ids have more than {k} {plural}?",
+                        f"SELECT {key} FROM {name} WHERE {key} IS NOT NULL GROUP BY {key} "
+                        f"HAVING COUNT(*) > {k}")
+        for n in _kind(t, "int", "money"):
+            yield Candidate("group_having", "average_per_key",
+                            f"What is the average {n.field.phrase} of {plural} for each {role} "
+                            f"id? Skip {plural} without one.",
+                            f"SELECT {key}, AVG({quote(n.name)}) FROM {name} WHERE {key} IS NOT "
+                            f"NULL GROUP BY {key}")
 
 
 def subqueries(db: Database, t: Table, rng: random.Random) -> Iterator[Candidate]:
@@ -316,7 +397,8 @@ def _junction(db: Database, j: Table, ref: Column, rng: random.Random) -> Iterat
                     f"WHERE {_col('b', b.display)} = {_s(v)}")
 
 
-SINGLE_TABLE: tuple[Template, ...] = (filters, aggregates, groups, subqueries, windows)
+SINGLE_TABLE: tuple[Template, ...] = (filters, aggregates, groups, groups_by_key, subqueries,
+                                      windows)
 
 
 def candidates(db: Database, rng: random.Random) -> list[Candidate]:
