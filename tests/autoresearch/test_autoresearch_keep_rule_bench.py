@@ -91,7 +91,7 @@ def test_the_known_change_study_offers_the_change_and_a_decoy_under_the_default_
     changes = [c for c, _ in proposer.jobs]
     assert changes[0] == design["known_change"] and changes[1]["seed"] != study.base_trial.seed
     assert study.budget.max_trials == 3 and study.budget.seed_bank == 3
-    assert study.budget.confirm_seeds == 4 and study.budget.max_confirm_trials == 8
+    assert study.budget.confirm_seeds == 3 and study.budget.max_confirm_trials == 6
     for c in changes:
         study.space().validate(c)
 
