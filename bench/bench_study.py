@@ -121,7 +121,7 @@ DESIGNS: dict[str, dict[str, Any]] = {
         # the change measured first, gained +4.6 points: a study of this size keeps that about
         # one time in seven. Both together, for a larger effect, cost too much: with 4 runs side
         # by side the 16 SFT steps alone took over 15 minutes a run, which puts the two parts
-        # past two hours.)
+        # past two hours by estimate.)
         "known_change": {"rl.steps": 6, "rl.group_size": 8, "reward.weights.executes": 0.0},
         "known_label": "the demo's RL recipe: 6 GRPO steps of 4 x 8, rewarded for the right "
                        "result only",

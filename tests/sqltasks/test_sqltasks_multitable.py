@@ -120,6 +120,13 @@ def test_splits_are_disjoint_by_theme_and_cover_every_tier():
     templates = Counter(t.meta["template"] for t in splits["train"])
     for shape in ("junction", "self_join", "join_two_hops", "without_children", "top_per_group"):
         assert templates[shape] > 0, shape
+    # The forms people ask on real databases: everything counted, minima, date ranges, negated
+    # flags, groups by a key's id.
+    for shape in ("count_all", "extreme", "extreme_date", "count_month", "count_flag",
+                  "filter_date_range", "filter_flag_not", "having_count_key", "average_per_key"):
+        assert templates[shape] >= 15, shape
+    golds = [t.gold_sql for t in splits["train"]]
+    assert sum("MIN(" in g for g in golds) >= 15 and sum("DATE '" in g for g in golds) >= 50
     # The questions name things in words: no question spells a table's identifier.
     sample = splits["dev"][:100]
     assert sum("_" in t.question for t in sample) <= 5
