@@ -93,7 +93,8 @@ def take(rng: np.random.Generator, pool: list[int], size: int) -> int:
 
 class BankWorld:
     """Serves each (config, seed) a study asks for with a different bank run, drawn without
-    replacement; a spiked config gets a fixed set of tasks turned right in every run."""
+    replacement until the bank is spent (then again, see `take`); a spiked config gets a fixed
+    set of tasks turned right in every run."""
 
     def __init__(self, rng: np.random.Generator, runs: list[dict[str, bool]],
                  spiked: int | None = None, spike: set[str] | None = None) -> None:
@@ -107,7 +108,7 @@ class BankWorld:
         return self.runs[(config, seed)]
 
     def draw(self, config: int) -> dict[str, bool]:
-        """A bank run not served yet, for `config` (spiked if it is the spiked config)."""
+        """The next bank run for `config` (spiked if it is the spiked config)."""
         verdicts = dict(self.bank[take(self.rng, self.pool, len(self.bank))])
         if config == self.spiked:
             verdicts.update(dict.fromkeys(self.spike & set(verdicts), True))

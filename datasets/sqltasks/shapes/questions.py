@@ -129,16 +129,12 @@ def filters(db: Database, t: Table, rng: random.Random) -> Iterator[Candidate]:
         yield listing("filter_year", [f"Which {plural} have a {p} in {year}?",
                                       f"List the {plural} whose {p} falls in {year}."],
                       f"EXTRACT(YEAR FROM {quote(c.name)}) = {year}")
-        if rng.random() < 0.5:
-            yield listing("filter_date_range", [f"Which {plural} have a {p} after {year}?",
-                                                f"List the {plural} whose {p} is later than "
-                                                f"{year}."],
-                          f"{quote(c.name)} >= DATE '{year + 1}-01-01'")
-        else:
-            yield listing("filter_date_range", [f"Which {plural} have a {p} before {year}?",
-                                                f"List the {plural} whose {p} is earlier than "
-                                                f"{year}."],
-                          f"{quote(c.name)} < DATE '{year}-01-01'")
+        side, than, bound = (("after", "later", f">= DATE '{year + 1}-01-01'")
+                             if rng.random() < 0.5 else
+                             ("before", "earlier", f"< DATE '{year}-01-01'"))
+        yield listing("filter_date_range", [f"Which {plural} have a {p} {side} {year}?",
+                                            f"List the {plural} whose {p} is {than} than {year}."],
+                      f"{quote(c.name)} {bound}")
     for c in _kind(t, "bool"):
         p = c.field.phrase
         yield listing("filter_flag", [f"Which {plural} are marked {p}?",
