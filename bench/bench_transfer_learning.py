@@ -17,6 +17,10 @@ rate with 95% Wilson intervals per split and stage, and the paired stage-to-stag
 Resumable: rerun with the same `--out` and the trial resumes from its last checkpoint.
 `--rescore` scores a finished run's saved weights (the base model, after SFT, after RL) again
 on the transfer split as it stands, without training: for when the split's text has changed.
+`--vote K` (after a run, or with `--rescore`) scores the SFT and final weights on the run's own
+tasks of every split once more, answering each question with the result most of its greedy and
+K sampled queries return on its database (execution-based self-consistency, the decoding
+SLM-SQL's figures use), beside the greedy answers and the paired difference.
 """
 
 from __future__ import annotations
@@ -73,6 +77,14 @@ def _weight(text: str) -> tuple[str, float]:
     return name, float(value)
 
 
+def _names(text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = set(names) - set(allowed)
+    if unknown or not names:
+        raise SystemExit(f"expected some of {', '.join(allowed)}, got {text!r}")
+    return names
+
+
 def _rate(hits: list[bool]) -> str:
     est = wilson(sum(hits), len(hits))
     return f"{est.value:.3f} [{est.low:.3f}, {est.high:.3f}]"
@@ -82,14 +94,17 @@ HEADER = ["| split | stage | n | correct (EX) [95% CI] | executes [95% CI] |",
           "|---|---|---|---|---|"]
 
 
-def _row(split: str, label: str, e: dict[str, Any]) -> tuple[str, dict[str, int]]:
-    """One table row from an eval entry, and its counts."""
-    n = len(e["verdicts"])
-    executes = round(e["execute_rate"] * n)
-    correct = [bool(v) for v in e["verdicts"].values()]
+def _row(split: str, label: str, n: int, correct: int, executes: int) -> str:
     ran = [True] * executes + [False] * (n - executes)
-    return (f"| {split} | {label} | {n} | {_rate(correct)} | {_rate(ran)} |",
-            {"n": n, "correct": sum(correct), "executes": executes})
+    right = [True] * correct + [False] * (n - correct)
+    return f"| {split} | {label} | {n} | {_rate(right)} | {_rate(ran)} |"
+
+
+def _counts(e: dict[str, Any]) -> dict[str, int]:
+    """n, correct and executing answers of an eval entry."""
+    n = len(e["verdicts"])
+    return {"n": n, "correct": sum(bool(v) for v in e["verdicts"].values()),
+            "executes": round(e["execute_rate"] * n)}
 
 
 def table(record: TrialRecord) -> tuple[str, dict[str, Any]]:
@@ -103,8 +118,8 @@ def table(record: TrialRecord) -> tuple[str, dict[str, Any]]:
             e = evals.get((split, stage))
             if e is None:
                 continue
-            line, numbers[f"{split}/{stage}"] = _row(split, label, e)
-            lines.append(line)
+            numbers[f"{split}/{stage}"] = counts = _counts(e)
+            lines.append(_row(split, label, **counts))
         for (a, b) in (("sft", "base"), ("final", "sft"), ("final", "base")):
             ea, eb = evals.get((split, a)), evals.get((split, b))
             if ea is None or eb is None:
@@ -116,9 +131,16 @@ def table(record: TrialRecord) -> tuple[str, dict[str, Any]]:
     return "\n".join(lines), numbers
 
 
-def rescore(out: Path, server_config: ServerConfig) -> str:
-    """The transfer rows again, from the finished run's saved SFT and final weights (and the
-    base model), each scored on the transfer split as it stands now."""
+def rescore(out: Path, server_config: ServerConfig, vote: int = 0,
+            temperature: float = 0.8, stages: tuple[str, ...] = ("sft", "final"),
+            splits: tuple[str, ...] = SPLITS) -> str:
+    """Score a finished run's saved SFT and final weights again, without training.
+
+    Greedy (`vote` 0): the transfer rows (and the base model's), on the transfer split as it
+    stands now. Voting: every split the run scored, each answer chosen by execution-based
+    self-consistency over the greedy query and `vote` samples, beside the greedy answers of the
+    same pass and their paired difference; `stages` and `splits` narrow what is voted on (it
+    costs about `vote` times the sampling)."""
     record = TrialRecord(out / "transfer-learning")
     config = TrialConfig.model_validate(yaml.safe_load((record.dir / CONFIG_FILE).read_text()))
     final = record.final()
@@ -126,19 +148,54 @@ def rescore(out: Path, server_config: ServerConfig) -> str:
         raise SystemExit(f"{out} holds no finished run to rescore")
     sft = next(c["path"] for c in record.of_type("checkpoint")
                if c["phase"] == "sft" and c["step"] == config.sft.steps)
-    rows = {}
+    # What a voting pass varies names its folder: a finished pass is reused, never mixed up.
+    name = f"vote-{vote}-t{temperature:g}-{'-'.join(splits)}" if vote else "rescore"
+    evals: dict[tuple[str, str], dict[str, Any]] = {}
     with ServerThread(server_config) as server, RewardPool() as pool:
-        for stage, path in (("sft", sft), ("final", final["checkpoint"])):
-            job = config.with_changes({
-                "name": f"rescore-{stage}", "init_checkpoint": path, "sft.steps": 0,
-                "rl.steps": 0, "eval.dev_tasks": 0, "eval.test_tasks": 0, "eval.start": False,
-                "eval.baseline": stage == "sft", "eval.transfer_tasks": 100_000})
-            run_trial(job, out / "rescore" / stage, server.url, "tml-bench", pool=pool)
-            for e in TrialRecord(out / "rescore" / stage).of_type("eval"):
-                if e["split"] == "transfer":
-                    rows["base" if e["stage"] == "base" else stage] = e
-    return "\n".join(HEADER + [_row("transfer", label, rows[stage])[0]
-                                for stage, label in STAGES])
+        weights = {"sft": sft, "final": final["checkpoint"]}
+        for stage, path in weights.items():
+            if vote and stage not in stages:
+                continue
+            changes: dict[str, Any] = {
+                "name": f"{name}-{stage}", "init_checkpoint": path, "sft.steps": 0,
+                "rl.steps": 0, "eval.start": False, "eval.baseline": stage == "sft" and not vote,
+                "eval.transfer_tasks": config.eval.transfer_tasks if vote else 100_000,
+                "eval.vote": vote,
+                "eval.vote_temperature": temperature}
+            for split in ("dev", "test"):
+                if not vote or split not in splits:
+                    changes[f"eval.{split}_tasks"] = 0
+            if vote and "transfer" not in splits:
+                changes["eval.transfer_tasks"] = 0
+            run_trial(config.with_changes(changes), out / name / stage, server.url, "tml-bench",
+                      pool=pool)
+            for e in TrialRecord(out / name / stage).of_type("eval"):
+                evals[(e["split"], "base" if e["stage"] == "base" else stage)] = e
+    if not vote:
+        return "\n".join(HEADER + [_row("transfer", label, **_counts(evals["transfer", stage]))
+                                    for stage, label in STAGES])
+    return voting_table(evals, vote)
+
+
+def voting_table(evals: dict[tuple[str, str], dict[str, Any]], vote: int) -> str:
+    """Greedy and voted rows per split and stage, then the paired vote - greedy differences."""
+    lines, diffs = list(HEADER), []
+    for split in SPLITS:
+        for stage, label in STAGES[1:]:
+            e = evals.get((split, stage))
+            if e is None:
+                continue
+            d, n = e["decoding"], len(e["verdicts"])
+            lines.append(_row(split, f"{label}, greedy", n, d["greedy_correct"],
+                              round(d["greedy_execute_rate"] * n)))
+            lines.append(_row(split, f"{label}, vote of {vote + 1}", **_counts(e)))
+            ids = sorted(e["verdicts"])
+            diff = paired_difference([float(e["verdicts"][i]) for i in ids],
+                                     [float(d["greedy_verdicts"][i]) for i in ids])
+            diffs.append(f"{split} {label}: vote - greedy {diff.value:+.3f} "
+                         f"[{diff.low:+.3f}, {diff.high:+.3f}]; the greedy query chosen "
+                         f"{d['chose_greedy']}/{n}; some candidate right {d['any_correct']}/{n}")
+    return "\n".join(lines + [""] + diffs)
 
 
 def main() -> None:
@@ -171,6 +228,15 @@ def main() -> None:
     parser.add_argument("--dev-tasks", type=int, default=48)
     parser.add_argument("--test-tasks", type=int, default=48)
     parser.add_argument("--transfer-tasks", type=int, default=150)
+    parser.add_argument("--vote", type=int, default=0, metavar="K",
+                        help="after the run (or with --rescore), score its SFT and final weights "
+                        "again answering by execution-based self-consistency over the greedy "
+                        "query and K samples")
+    parser.add_argument("--vote-temperature", type=float, default=0.8)
+    parser.add_argument("--vote-stages", default="sft,final",
+                        help="which saved weights to vote with: sft, final or both")
+    parser.add_argument("--vote-splits", default=",".join(SPLITS),
+                        help="which splits to vote on (comma-separated)")
     args = parser.parse_args()
     if args.model and args.base_model == "google/gemma-3-270m":
         args.base_model = args.model
@@ -179,8 +245,9 @@ def main() -> None:
     started = time.time()
     server_config = ServerConfig(port=0, data_dir=out / "server", model=args.model,
                                  device=args.device)
+    narrowing = (_names(args.vote_stages, ("sft", "final")), _names(args.vote_splits, SPLITS))
     if args.rescore:
-        text = rescore(out, server_config)
+        text = rescore(out, server_config, args.vote, args.vote_temperature, *narrowing)
         print(f"\nrescored {out} in {time.time() - started:.0f} s; load average "
               f"{os.getloadavg()}\n\n{text}")
         return
@@ -209,6 +276,10 @@ def main() -> None:
     for key, d in numbers.items():
         if "value" in d:
             print(f"{key}: {d['value']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]")
+    if args.vote:
+        voted = time.time()
+        text = rescore(out, server_config, args.vote, args.vote_temperature, *narrowing)
+        print(f"\nvoting over {args.vote + 1} candidates: {time.time() - voted:.0f} s\n\n{text}")
 
 
 if __name__ == "__main__":

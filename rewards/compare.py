@@ -16,6 +16,7 @@ values back every number a reward reports.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import itertools
 import math
 import uuid
@@ -176,6 +177,14 @@ def _bag(rows: list[Row], digits: int = 6) -> Counter:
     def fix(v: Any) -> Any:
         return round(v, digits) if isinstance(v, float) else v
     return Counter(tuple(fix(v) for v in row) for row in rows)
+
+
+def answer_digest(rows: Sequence[Sequence[Any]]) -> str:
+    """A short fingerprint of a result as an answer: two results share it when they hold the
+    same rows in any order, floats equal to 6 digits. Lets predictions be compared with each
+    other (voting) without a gold result."""
+    bag = sorted(_bag(canonical_rows(rows)).items(), key=lambda item: (_row_key(item[0]), item[1]))
+    return hashlib.sha1(repr(bag).encode()).hexdigest()[:16]
 
 
 def row_overlap(pred_rows: Sequence[Sequence[Any]], gold_rows: Sequence[Sequence[Any]]) -> float:

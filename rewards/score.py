@@ -47,6 +47,12 @@ class ScoreResult:
     elapsed_s: float = 0.0
     meta: dict[str, float] = field(default_factory=dict)
     """Measurements about the scoring itself, e.g. the worker's `peak_rss_mb`."""
+    answer: str | None = None
+    """What the prediction answered on the database the prompt shows (the first copy): a
+    digest of its rows (`compare.answer_digest`), or None when it did not run there. Read
+    without the gold, so choosing among a question's candidates by it is fair."""
+    answer_rows: int = 0
+    """How many rows that answer has."""
 
     @classmethod
     def zero(cls, outcome: str, error: str, task_id: str = "", sql: str | None = None):
@@ -173,7 +179,10 @@ class Scorer:
             schema_linking=(schema_credit(sql, task.gold_sql, prepared[0][0].columns)
                     if config.weights.schema_linking > 0 and prepared else 0.0),
         )
+        first = results[0] if results else None
         return ScoreResult(
             components.total(config.weights), components, correct, str(outcome),
             failure.error if failure else None, sql, task.id, len(prepared), matched, elapsed,
+            answer=compare.answer_digest(first.rows) if first is not None else None,
+            answer_rows=len(first.rows) if first is not None else 0,
         )

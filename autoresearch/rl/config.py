@@ -97,11 +97,11 @@ class EvalConfig(_Strict):
     dev_tasks: int = Field(64, ge=0, le=100_000)
     """The fixed dev subset every trial is scored on (0: no dev evaluation)."""
     test_tasks: int = Field(200, ge=0, le=100_000)
+    """Test tasks a standalone trial scores at its end. In a study, trials read dev only and
+    this sizes the study's single final test check (best against the base config)."""
     transfer_tasks: int = Field(0, ge=0, le=100_000)
     """Tasks of the hand-written transfer split (databases no corpus has) scored wherever test
     is (at the end, and before and after SFT with `baseline`); 0: none."""
-    """Test tasks a standalone trial scores at its end. In a study, trials read dev only and
-    this sizes the study's single final test check (best against the base config)."""
     max_tokens: int = Field(96, ge=1, le=4096)
     baseline: bool = False
     """Also evaluate the untrained model on the test split (for reporting gains)."""
@@ -111,6 +111,11 @@ class EvalConfig(_Strict):
     every_tasks: int | None = Field(None, ge=1, le=100_000)
     """Evaluations during training use only the first this many of the fixed dev tasks (a
     cheaper, still fixed, subset: what pruning reads); default: all of them."""
+    vote: int = Field(0, ge=0, le=64)
+    """Sampled queries per question beside the greedy one; the answer is the result most of
+    them return on the question's database (execution-based self-consistency, see
+    `evaluation.voting`). 0: greedy alone. Costs about this many times the sampling."""
+    vote_temperature: float = Field(0.8, gt=0.0, le=2.0)
 
 
 class PromptConfig(_Strict):

@@ -570,6 +570,9 @@ class Trial:
             self.config.prompt_style,
             self.config.eval.max_tokens,
             view=self._view,
+            vote=self.config.eval.vote,
+            vote_temperature=self.config.eval.vote_temperature,
+            seed=self.config.seed,
         )
         entry = self.record.append(
             "eval", stage=stage, step=step, seconds=round(time.time() - started, 3),

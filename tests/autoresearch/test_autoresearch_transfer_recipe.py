@@ -21,7 +21,7 @@ def test_the_recipe_runs_with_an_explicit_model_and_device(sql_model_dir, tmp_pa
                "--model", str(sql_model_dir), "--tokenizer", str(sql_model_dir),
                "--device", "cpu", "--rank", "4",
                "--max-tokens", "12", "--sample-rows", "1", "--max-schema-chars", "600",
-               "--out", str(out)]
+               "--vote", "2", "--out", str(out)]
     env = {**os.environ, "TINKER_TELEMETRY": "0", "AUTORESEARCH_API_KEYS": "",
            "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'datasets'}"}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
@@ -43,3 +43,22 @@ def test_the_recipe_runs_with_an_explicit_model_and_device(sql_model_dir, tmp_pa
     for key in ("transfer/base", "transfer/sft", "transfer/final", "dev/final-sft"):
         assert key in summary["numbers"]
     assert "| transfer | after SFT + RL |" in done.stdout
+    passes = out / "vote-2-t0.8-dev-test-transfer"
+    voted = {(weights, e["split"]): e for weights in ("sft", "final")
+             for e in TrialRecord(passes / weights).of_type("eval")}
+    assert set(voted) == {(w, s) for w in ("sft", "final") for s in ("dev", "test", "transfer")}
+    assert len(voted["final", "transfer"]["verdicts"]) == 6  # the run's own transfer tasks
+    for e in voted.values():
+        assert e["decoding"]["mode"] == "vote" and e["decoding"]["candidates"] == 3
+        assert set(e["decoding"]["greedy_verdicts"]) == set(e["verdicts"])
+    assert "| transfer | after SFT + RL, vote of 3 |" in done.stdout
+    assert "transfer after SFT + RL: vote - greedy" in done.stdout
+    narrowed = subprocess.run(
+        [*command[:2], "--rescore", "--vote", "1", "--vote-stages", "final", "--vote-splits",
+         "transfer", *command[3:command.index("--vote")], "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert narrowed.returncode == 0, narrowed.stderr[-3000:]
+    one_pass = out / "vote-1-t0.8-transfer"
+    assert sorted(p.name for p in one_pass.iterdir()) == ["final"]
+    assert {e["split"] for e in TrialRecord(one_pass / "final").of_type("eval")} == {"transfer"}
+    assert "| transfer | after SFT + RL, vote of 2 |" in narrowed.stdout

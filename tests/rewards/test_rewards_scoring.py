@@ -191,3 +191,19 @@ def test_workers_die_with_a_caller_that_is_killed():
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(p) for p in pids)
+
+
+def test_the_answer_is_read_on_the_prompts_database_alone_and_ignores_row_order(pool, task):
+    first = pool.score("SELECT name FROM shops WHERE region = 'north' ORDER BY name", task)
+    reordered = pool.score("SELECT name FROM shops WHERE region = 'north' ORDER BY name DESC",
+                           task)
+    other = pool.score("SELECT name FROM shops WHERE region = 'south'", task)
+    assert first.answer is not None and first.answer == reordered.answer
+    assert other.answer not in (None, first.answer)
+    assert (first.answer_rows, other.answer_rows) == (2, 1)
+    # Right on the prompt's copy (A) only: its answer there is the gold's, the verdict is not.
+    lucky = pool.score("SELECT name FROM shops WHERE name IN ('Ava', 'Cy')", task)
+    gold = pool.score(GOLD, task)
+    assert not lucky.correct and lucky.answer == gold.answer
+    failed = pool.score("SELECT nope FROM shops", task)
+    assert failed.answer is None and failed.answer_rows == 0
