@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from autoresearch.evaluation.stats import paired_difference, wilson
+from autoresearch.evaluation.stats import Estimate, paired_difference, wilson
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.record import CONFIG_FILE, TrialRecord
 from autoresearch.rl.trial import run_trial
@@ -85,9 +85,15 @@ def _names(text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
     return names
 
 
-def _rate(hits: list[bool]) -> str:
-    est = wilson(sum(hits), len(hits))
+def _rate(successes: int, n: int) -> str:
+    est = wilson(successes, n)
     return f"{est.value:.3f} [{est.low:.3f}, {est.high:.3f}]"
+
+
+def _paired(a: dict[str, bool], b: dict[str, bool]) -> Estimate:
+    """a - b over the same tasks (the keys of `a`), with its paired 95% interval."""
+    ids = sorted(a)
+    return paired_difference([float(a[i]) for i in ids], [float(b[i]) for i in ids])
 
 
 HEADER = ["| split | stage | n | correct (EX) [95% CI] | executes [95% CI] |",
@@ -95,9 +101,7 @@ HEADER = ["| split | stage | n | correct (EX) [95% CI] | executes [95% CI] |",
 
 
 def _row(split: str, label: str, n: int, correct: int, executes: int) -> str:
-    ran = [True] * executes + [False] * (n - executes)
-    right = [True] * correct + [False] * (n - correct)
-    return f"| {split} | {label} | {n} | {_rate(right)} | {_rate(ran)} |"
+    return f"| {split} | {label} | {n} | {_rate(correct, n)} | {_rate(executes, n)} |"
 
 
 def _counts(e: dict[str, Any]) -> dict[str, int]:
@@ -124,9 +128,7 @@ def table(record: TrialRecord) -> tuple[str, dict[str, Any]]:
             ea, eb = evals.get((split, a)), evals.get((split, b))
             if ea is None or eb is None:
                 continue
-            ids = sorted(ea["verdicts"])
-            d = paired_difference([float(ea["verdicts"][i]) for i in ids],
-                                  [float(eb["verdicts"][i]) for i in ids])
+            d = _paired(ea["verdicts"], eb["verdicts"])
             numbers[f"{split}/{a}-{b}"] = {"value": d.value, "low": d.low, "high": d.high}
     return "\n".join(lines), numbers
 
@@ -189,9 +191,7 @@ def voting_table(evals: dict[tuple[str, str], dict[str, Any]], vote: int) -> str
             lines.append(_row(split, f"{label}, greedy", n, d["greedy_correct"],
                               round(d["greedy_execute_rate"] * n)))
             lines.append(_row(split, f"{label}, vote of {vote + 1}", **_counts(e)))
-            ids = sorted(e["verdicts"])
-            diff = paired_difference([float(e["verdicts"][i]) for i in ids],
-                                     [float(d["greedy_verdicts"][i]) for i in ids])
+            diff = _paired(e["verdicts"], d["greedy_verdicts"])
             diffs.append(f"{split} {label}: vote - greedy {diff.value:+.3f} "
                          f"[{diff.low:+.3f}, {diff.high:+.3f}]; the greedy query chosen "
                          f"{d['chose_greedy']}/{n}; some candidate right {d['any_correct']}/{n}")
