@@ -20,7 +20,9 @@ on the transfer split as it stands, without training: for when the split's text 
 `--vote K` (after a run, or with `--rescore`) scores the SFT and final weights on the run's own
 tasks of every split once more, answering each question with the result most of its greedy and
 K sampled queries return on its database (execution-based self-consistency, the decoding
-SLM-SQL's figures use), beside the greedy answers and the paired difference.
+SLM-SQL's figures use), beside the greedy answers and the paired difference. `--snap` (alone or
+with `--vote`) runs every answer with the table and column names its database lacks snapped
+onto the closest ones it has (`rewards.snap`), beside the greedy queries as written.
 """
 
 from __future__ import annotations
@@ -135,14 +137,15 @@ def table(record: TrialRecord) -> tuple[str, dict[str, Any]]:
 
 def rescore(out: Path, server_config: ServerConfig, vote: int = 0,
             temperature: float = 0.8, stages: tuple[str, ...] = ("sft", "final"),
-            splits: tuple[str, ...] = SPLITS) -> str:
+            splits: tuple[str, ...] = SPLITS, snap: bool = False) -> str:
     """Score a finished run's saved SFT and final weights again, without training.
 
-    Greedy (`vote` 0): the transfer rows (and the base model's), on the transfer split as it
-    stands now. Voting: every split the run scored, each answer chosen by execution-based
-    self-consistency over the greedy query and `vote` samples, beside the greedy answers of the
-    same pass and their paired difference; `stages` and `splits` narrow what is voted on (it
-    costs about `vote` times the sampling)."""
+    Plain (`vote` 0, no `snap`): the transfer rows (and the base model's), greedy, on the
+    transfer split as it stands now. A decoding pass (`vote` > 0 or `snap`): every split the run
+    scored, each answer chosen by execution-based self-consistency over the greedy query and
+    `vote` samples and/or run with its names snapped onto the schema, beside the answers
+    without it of the same pass and their paired differences; `stages` and `splits` narrow it
+    (a vote costs about `vote` times the sampling)."""
     record = TrialRecord(out / "transfer-learning")
     config = TrialConfig.model_validate(yaml.safe_load((record.dir / CONFIG_FILE).read_text()))
     final = record.final()
@@ -150,51 +153,69 @@ def rescore(out: Path, server_config: ServerConfig, vote: int = 0,
         raise SystemExit(f"{out} holds no finished run to rescore")
     sft = next(c["path"] for c in record.of_type("checkpoint")
                if c["phase"] == "sft" and c["step"] == config.sft.steps)
-    # What a voting pass varies names its folder: a finished pass is reused, never mixed up.
-    name = f"vote-{vote}-t{temperature:g}-{'-'.join(splits)}" if vote else "rescore"
+    decoding = bool(vote or snap)
+    # What a decoding pass varies names its folder: a finished pass is reused, never mixed up.
+    name = "-".join([f"vote-{vote}-t{temperature:g}" if vote else "greedy", *splits]
+                    + (["snap"] if snap else [])) if decoding else "rescore"
     evals: dict[tuple[str, str], dict[str, Any]] = {}
     with ServerThread(server_config) as server, RewardPool() as pool:
         weights = {"sft": sft, "final": final["checkpoint"]}
         for stage, path in weights.items():
-            if vote and stage not in stages:
+            if decoding and stage not in stages:
                 continue
             changes: dict[str, Any] = {
                 "name": f"{name}-{stage}", "init_checkpoint": path, "sft.steps": 0,
-                "rl.steps": 0, "eval.start": False, "eval.baseline": stage == "sft" and not vote,
-                "eval.transfer_tasks": config.eval.transfer_tasks if vote else 100_000,
-                "eval.vote": vote,
-                "eval.vote_temperature": temperature}
+                "rl.steps": 0, "eval.start": False,
+                "eval.baseline": stage == "sft" and not decoding,
+                "eval.transfer_tasks": config.eval.transfer_tasks if decoding else 100_000,
+                "eval.vote": vote, "eval.vote_temperature": temperature,
+                "eval.snap_names": snap}
             for split in ("dev", "test"):
-                if not vote or split not in splits:
+                if not decoding or split not in splits:
                     changes[f"eval.{split}_tasks"] = 0
-            if vote and "transfer" not in splits:
+            if decoding and "transfer" not in splits:
                 changes["eval.transfer_tasks"] = 0
             run_trial(config.with_changes(changes), out / name / stage, server.url, "tml-bench",
                       pool=pool)
             for e in TrialRecord(out / name / stage).of_type("eval"):
                 evals[(e["split"], "base" if e["stage"] == "base" else stage)] = e
-    if not vote:
+    if not decoding:
         return "\n".join(HEADER + [_row("transfer", label, **_counts(evals["transfer", stage]))
                                     for stage, label in STAGES])
-    return voting_table(evals, vote)
+    return decoding_table(evals, vote, snap)
 
 
-def voting_table(evals: dict[tuple[str, str], dict[str, Any]], vote: int) -> str:
-    """Greedy and voted rows per split and stage, then the paired vote - greedy differences."""
+def decoding_table(evals: dict[tuple[str, str], dict[str, Any]], vote: int,
+                   snap: bool = False) -> str:
+    """Per split and stage: the greedy query as written (with `snap`), the greedy answer, the
+    voted one (with `vote`), then the paired differences between them."""
     lines, diffs = list(HEADER), []
+    snapped = ", names snapped" if snap else ""
     for split in SPLITS:
         for stage, label in STAGES[1:]:
             e = evals.get((split, stage))
             if e is None:
                 continue
             d, n = e["decoding"], len(e["verdicts"])
-            lines.append(_row(split, f"{label}, greedy", n, d["greedy_correct"],
-                              round(d["greedy_execute_rate"] * n)))
-            lines.append(_row(split, f"{label}, vote of {vote + 1}", **_counts(e)))
-            diff = _paired(e["verdicts"], d["greedy_verdicts"])
-            diffs.append(f"{split} {label}: vote - greedy {diff.value:+.3f} "
-                         f"[{diff.low:+.3f}, {diff.high:+.3f}]; the greedy query chosen "
-                         f"{d['chose_greedy']}/{n}; some candidate right {d['any_correct']}/{n}")
+            if snap:
+                lines.append(_row(split, f"{label}, greedy as written", n, d["written_correct"],
+                                  round(d["written_execute_rate"] * n)))
+            if vote:
+                lines.append(_row(split, f"{label}, greedy{snapped}", n, d["greedy_correct"],
+                                  round(d["greedy_execute_rate"] * n)))
+            chosen = f"vote of {vote + 1}" if vote else "greedy"
+            lines.append(_row(split, f"{label}, {chosen}{snapped}", **_counts(e)))
+            if snap:
+                diff = _paired(e["verdicts"], d["written_verdicts"])
+                diffs.append(f"{split} {label}: {chosen}{snapped} - greedy as written "
+                             f"{diff.value:+.3f} [{diff.low:+.3f}, {diff.high:+.3f}]; answers "
+                             f"snapped {d['snapped']}/{n}")
+            if vote:
+                diff = _paired(e["verdicts"], d["greedy_verdicts"])
+                diffs.append(f"{split} {label}: vote - greedy{snapped} {diff.value:+.3f} "
+                             f"[{diff.low:+.3f}, {diff.high:+.3f}]; the greedy query chosen "
+                             f"{d['chose_greedy']}/{n}; some candidate right "
+                             f"{d['any_correct']}/{n}")
     return "\n".join(lines + [""] + diffs)
 
 
@@ -233,10 +254,14 @@ def main() -> None:
                         "again answering by execution-based self-consistency over the greedy "
                         "query and K samples")
     parser.add_argument("--vote-temperature", type=float, default=0.8)
+    parser.add_argument("--snap", action="store_true",
+                        help="after a run or with --rescore: run every answer with the names "
+                             "its database lacks snapped onto the closest ones it has")
     parser.add_argument("--vote-stages", default="sft,final",
-                        help="which saved weights to vote with: sft, final or both")
+                        help="which saved weights a decoding pass (--vote, --snap) scores: "
+                             "sft, final or both")
     parser.add_argument("--vote-splits", default=",".join(SPLITS),
-                        help="which splits to vote on (comma-separated)")
+                        help="which splits a decoding pass scores (comma-separated)")
     args = parser.parse_args()
     if args.model and args.base_model == "google/gemma-3-270m":
         args.base_model = args.model
@@ -247,7 +272,8 @@ def main() -> None:
                                  device=args.device)
     narrowing = (_names(args.vote_stages, ("sft", "final")), _names(args.vote_splits, SPLITS))
     if args.rescore:
-        text = rescore(out, server_config, args.vote, args.vote_temperature, *narrowing)
+        text = rescore(out, server_config, args.vote, args.vote_temperature, *narrowing,
+                       snap=args.snap)
         print(f"\nrescored {out} in {time.time() - started:.0f} s; load average "
               f"{os.getloadavg()}\n\n{text}")
         return
@@ -276,10 +302,12 @@ def main() -> None:
     for key, d in numbers.items():
         if "value" in d:
             print(f"{key}: {d['value']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]")
-    if args.vote:
-        voted = time.time()
-        text = rescore(out, server_config, args.vote, args.vote_temperature, *narrowing)
-        print(f"\nvoting over {args.vote + 1} candidates: {time.time() - voted:.0f} s\n\n{text}")
+    if args.vote or args.snap:
+        again = time.time()
+        text = rescore(out, server_config, args.vote, args.vote_temperature, *narrowing,
+                       snap=args.snap)
+        print(f"\ndecoding pass (vote of {args.vote + 1}, names snapped: {args.snap}): "
+              f"{time.time() - again:.0f} s\n\n{text}")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,10 @@ class RewardConfig(_Frozen):
     """Pull the SQL out of a raw completion first; off means the prediction is already SQL."""
     length_budget: float = Field(2.0, ge=1.0, le=20.0)
     """Length credit is 1 up to this many times the gold's length, falling to 0 at twice that."""
+    snap_names: bool = False
+    """Run the prediction with the table and column names its database lacks replaced by the
+    closest ones it has (`rewards/snap.py`): an inference-time repair for evaluation. Leave it
+    off for training rewards, which must judge what the model wrote."""
 
     def to_json(self) -> str:
         return self.model_dump_json()

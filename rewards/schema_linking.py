@@ -22,8 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
-import sqlglot
 from sqlglot import exp
+
+from rewards.sqlinfo import parse
 
 Schema = Mapping[str, frozenset[str]]
 """Table name -> its column names, lower case."""
@@ -47,10 +48,7 @@ class References:
 def references(sql: str) -> References | None:
     """The tables, columns and join pairs `sql` names (lower case); None if it does not parse.
     Cached: a task's gold query is parsed once per worker, not once per prediction."""
-    try:
-        tree = sqlglot.parse_one(sql, read="duckdb")
-    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError, ValueError):
-        return None
+    tree = parse(sql)
     if tree is None:
         return None
     ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}

@@ -21,6 +21,7 @@ from rewards.config import RewardConfig
 from rewards.extract import extract
 from rewards.sandbox import UNSAFE, Database, Outcome, QueryResult, Sandbox, SandboxBroken
 from rewards.schema_linking import schema_credit
+from rewards.snap import snap_to_schema
 from rewards.sqlinfo import has_top_level_order_by
 from rewards.task import Task
 
@@ -53,6 +54,9 @@ class ScoreResult:
     without the gold, so choosing among a question's candidates by it is fair."""
     answer_rows: int = 0
     """How many rows that answer has."""
+    snapped_from: str | None = None
+    """With `RewardConfig.snap_names`, the query as the model wrote it when `sql` is its
+    repair (names snapped onto the schema); None when it ran as written."""
 
     @classmethod
     def zero(cls, outcome: str, error: str, task_id: str = "", sql: str | None = None):
@@ -128,6 +132,9 @@ class Scorer:
             return ScoreResult.zero(GOLD_ERROR, str(error)[:500], task.id, sql)
         if on_untrusted is not None:
             on_untrusted()
+        written = sql
+        if config.snap_names and prepared:
+            sql = snap_to_schema(sql, prepared[0][0].columns) or sql
         budget_end = time.monotonic() + self.sandbox.limits.timeout_s
         ordered = config.match.respect_order and has_top_level_order_by(task.gold_sql)
         results: list[QueryResult] = []
@@ -156,7 +163,7 @@ class Scorer:
         if outcome in UNSAFE:
             return ScoreResult(
                 0.0, Components(), False, str(outcome), failure.error, sql, task.id,
-                len(prepared), 0, elapsed,
+                len(prepared), 0, elapsed, snapped_from=written if sql != written else None,
             )
         correct = failure is None and matched == len(prepared)
         executes = failure is None
@@ -185,4 +192,5 @@ class Scorer:
             failure.error if failure else None, sql, task.id, len(prepared), matched, elapsed,
             answer=compare.answer_digest(first.rows) if first is not None else None,
             answer_rows=len(first.rows) if first is not None else 0,
+            snapped_from=written if sql != written else None,
         )

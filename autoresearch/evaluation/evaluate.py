@@ -4,6 +4,8 @@ With `vote` > 0 each question also gets that many sampled queries, and the answe
 `voting.vote` picks from the greedy and sampled queries by what they return on the question's
 database (execution-based self-consistency); the greedy figures and the share of questions any
 candidate got right (a ceiling that reads the gold, never used to choose) are kept beside it.
+With `snap_names` every query runs with the names its database lacks snapped onto the closest
+ones it has (`rewards.snap`); the greedy queries' figures as written are kept beside those.
 
 Reports execution accuracy with a 95% Wilson interval, accuracy per difficulty tier, parse and
 execution rates, and the mean reward with its components. The per-task verdicts are kept so two
@@ -113,6 +115,7 @@ def summarise(
             "question": t.question,
             "completion": c,
             "sql": r.sql,
+            "written": r.snapped_from,
             "correct": r.correct,
             "outcome": r.outcome if r.correct or r.outcome != "ok" else "wrong_result",
             "error": (r.error or "")[:300] or None,
@@ -145,9 +148,11 @@ def evaluate(
     vote: int = 0,
     vote_temperature: float = 0.8,
     seed: int = 0,
+    snap_names: bool = False,
 ) -> EvalResult:
     """Greedy decoding on `tasks`, scored in the sandbox; with `vote` > 0, the answer each
-    question's greedy and `vote` sampled queries agree on (see the module docstring)."""
+    question's greedy and `vote` sampled queries agree on; with `snap_names`, every query run
+    with the names its database lacks snapped onto it (see the module docstring)."""
     def decoded(sequences: list[list[Any]]) -> list[list[str]]:
         return [[tokenizer.decode(s.tokens) for s in seqs] for seqs in sequences]
 
@@ -158,26 +163,35 @@ def evaluate(
                                              num_samples=vote, temperature=vote_temperature,
                                              seed=seed, view=view))
         candidates = [greedy[:1] + more for greedy, more in zip(candidates, sampled)]
-    flat = pool.score_many([(c, t) for t, cs in zip(tasks, candidates) for c in cs], reward)
+    scoring = reward.model_copy(update={"snap_names": True}) if snap_names else reward
+    flat = pool.score_many([(c, t) for t, cs in zip(tasks, candidates) for c in cs], scoring)
     scored, start = [], 0
     for cs in candidates:
         scored.append(flat[start:start + len(cs)])
         start += len(cs)
-    if not vote:
-        return summarise(split, tasks, [r[0] for r in scored], [c[0] for c in candidates])
-    picks = [choose_by_vote(results) for results in scored]
+    picks = [choose_by_vote(results) for results in scored] if vote else [0] * len(tasks)
     result = summarise(split, tasks, [r[i] for r, i in zip(scored, picks)],
                        [c[i] for c, i in zip(candidates, picks)])
     n = max(1, len(tasks))
-    result.decoding = {
-        "mode": "vote",
-        "candidates": vote + 1,
-        "temperature": vote_temperature,
-        "seed": seed,
-        "greedy_correct": sum(r[0].correct for r in scored),
-        "greedy_execute_rate": sum(r[0].components.executes > 0 for r in scored) / n,
-        "greedy_verdicts": {t.id: r[0].correct for t, r in zip(tasks, scored)},
-        "chose_greedy": sum(i == 0 for i in picks),
-        "any_correct": sum(any(x.correct for x in r) for r in scored),
-    }
+    if vote:
+        result.decoding = {
+            "mode": "vote",
+            "candidates": vote + 1,
+            "temperature": vote_temperature,
+            "seed": seed,
+            "greedy_correct": sum(r[0].correct for r in scored),
+            "greedy_execute_rate": sum(r[0].components.executes > 0 for r in scored) / n,
+            "greedy_verdicts": {t.id: r[0].correct for t, r in zip(tasks, scored)},
+            "chose_greedy": sum(i == 0 for i in picks),
+            "any_correct": sum(any(x.correct for x in r) for r in scored),
+        }
+    if snap_names:
+        written = pool.score_many([(c[0], t) for t, c in zip(tasks, candidates)], reward)
+        result.decoding.update({
+            "snap_names": True,
+            "snapped": sum(r[i].snapped_from is not None for r, i in zip(scored, picks)),
+            "written_correct": sum(r.correct for r in written),
+            "written_execute_rate": sum(r.components.executes > 0 for r in written) / n,
+            "written_verdicts": {t.id: r.correct for t, r in zip(tasks, written)},
+        })
     return result

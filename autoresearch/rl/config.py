@@ -116,6 +116,10 @@ class EvalConfig(_Strict):
     them return on the question's database (execution-based self-consistency, see
     `evaluation.voting`). 0: greedy alone. Costs about this many times the sampling."""
     vote_temperature: float = Field(0.8, gt=0.0, le=2.0)
+    snap_names: bool = False
+    """Run each answer with the table and column names its database lacks replaced by the
+    closest ones it has (`rewards.snap`), an inference-time repair; training rewards never
+    snap. The figures without it stay in the eval entry beside the snapped ones."""
 
 
 class PromptConfig(_Strict):

@@ -573,6 +573,7 @@ class Trial:
             vote=self.config.eval.vote,
             vote_temperature=self.config.eval.vote_temperature,
             seed=self.config.seed,
+            snap_names=self.config.eval.snap_names,
         )
         entry = self.record.append(
             "eval", stage=stage, step=step, seconds=round(time.time() - started, 3),

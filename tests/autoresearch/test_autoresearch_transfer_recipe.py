@@ -54,11 +54,16 @@ def test_the_recipe_runs_with_an_explicit_model_and_device(sql_model_dir, tmp_pa
     assert "| transfer | after SFT + RL, vote of 3 |" in done.stdout
     assert "transfer after SFT + RL: vote - greedy" in done.stdout
     narrowed = subprocess.run(
-        [*command[:2], "--rescore", "--vote", "1", "--vote-stages", "final", "--vote-splits",
-         "transfer", *command[3:command.index("--vote")], "--out", str(out)],
+        [*command[:2], "--rescore", "--vote", "1", "--snap", "--vote-stages", "final",
+         "--vote-splits", "transfer", *command[3:command.index("--vote")], "--out", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert narrowed.returncode == 0, narrowed.stderr[-3000:]
-    one_pass = out / "vote-1-t0.8-transfer"
+    one_pass = out / "vote-1-t0.8-transfer-snap"
     assert sorted(p.name for p in one_pass.iterdir()) == ["final"]
-    assert {e["split"] for e in TrialRecord(one_pass / "final").of_type("eval")} == {"transfer"}
-    assert "| transfer | after SFT + RL, vote of 2 |" in narrowed.stdout
+    (snapped,) = TrialRecord(one_pass / "final").of_type("eval")
+    assert snapped["split"] == "transfer" and snapped["decoding"]["snap_names"] is True
+    assert set(snapped["decoding"]["written_verdicts"]) == set(snapped["verdicts"])
+    for row in ("greedy as written", "greedy, names snapped", "vote of 2, names snapped"):
+        assert f"| transfer | after SFT + RL, {row} |" in narrowed.stdout
+    assert "transfer after SFT + RL: vote of 2, names snapped - greedy as written" \
+        in narrowed.stdout

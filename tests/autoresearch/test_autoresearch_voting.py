@@ -107,3 +107,23 @@ def test_evaluation_answers_by_vote_and_keeps_the_greedy_figures_beside_it():
     assert d["greedy_verdicts"] == {"t1": False} and d["greedy_execute_rate"] == 0.0
     assert d["any_correct"] == 1
     assert greedy.verdicts == {"t1": False} and greedy.decoding == {"mode": "greedy"}
+
+
+def test_evaluation_with_snapped_names_keeps_the_queries_as_written_beside_it():
+    texts = ["SELECT nam FROM pet WHERE kind = 'dog'",  # greedy: guessed names, right intent
+             "SELECT name FROM pets"]
+    task = Task(setup_sql=SETUP, question="Which pets are dogs?", gold_sql=GOLD, id="t1")
+    with RewardPool(workers=1) as pool:
+        snapped = evaluate(_Sampler(), _Tokenizer(texts), [task], "dev", pool,
+                           RewardConfig(extract=False), snap_names=True)
+        both = evaluate(_Sampler(), _Tokenizer(texts), [task], "dev", pool,
+                        RewardConfig(extract=False), vote=1, snap_names=True)
+    assert snapped.verdicts == {"t1": True} and snapped.execute_rate == 1.0
+    d = snapped.decoding
+    assert (d["mode"], d["snap_names"], d["snapped"]) == ("greedy", True, 1)
+    assert (d["written_correct"], d["written_execute_rate"]) == (0, 0.0)
+    assert d["written_verdicts"] == {"t1": False}
+    assert snapped.samples[0]["written"] == texts[0]
+    # The vote runs on snapped candidates too: the greedy one is now right and keeps its tie.
+    assert both.verdicts == {"t1": True} and both.decoding["chose_greedy"] == 1
+    assert both.decoding["greedy_correct"] == 1 and both.decoding["written_correct"] == 0

@@ -1,0 +1,143 @@
+"""Snapping a query's names onto the schema: an inference-time repair for guessed identifiers.
+
+A small model that has not seen a database writes the question's words where the schema's names
+belong: `Name` where the table has `FullName`, `Customer` for `Customers`, `VIPs` for `IsVip`.
+DuckDB then refuses the whole query. Constrained decoding (PICARD, Scholak et al., 2021) keeps
+such names from being generated at all; this is its cheap, after-the-fact form: parse the query
+(sqlglot, DuckDB dialect) and replace each table or column name the database lacks with the
+closest name it has, where one is close enough:
+
+    tables   an unknown table becomes the closest table of the schema;
+    columns  an unknown column becomes the closest column of the table it is qualified with,
+             or, unqualified, of the tables the query reads; names the query defines itself
+             (CTEs, aliases, a subquery's output) are never touched.
+
+Closeness (`closeness`) compares names with case, underscores and quotes ignored: the same name
+1.0, the same up to a plural `s` 0.95, one inside the other 0.7 plus up to 0.3 by their length
+ratio, otherwise difflib's ratio; below `MIN_CLOSENESS` nothing is replaced. Ties go to the
+schema's name that sorts first, so the repair is deterministic. A bare `id` on a known table
+becomes that table's own key column (`c.Id` -> `c.CustomerId`).
+
+It reads only the query and the schema of the user's own database, never the gold, so it is
+fair at inference. It is not a reward: a training reward must see what the model wrote.
+Trusted code on untrusted text: it only parses and prints, never executes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable, Mapping
+
+from sqlglot import exp
+
+from rewards.sqlinfo import parse
+
+Schema = Mapping[str, frozenset[str]]
+"""Table name -> its column names, lower case (`Database.columns`)."""
+
+MIN_CLOSENESS = 0.6
+
+
+def _bare(name: str) -> str:
+    return re.sub(r"[^0-9a-z]", "", name.lower())
+
+
+def _singular(name: str) -> str:
+    for suffix in ("ies", "es", "s"):
+        if name.endswith(suffix) and len(name) > len(suffix) + 2:
+            return name[: -len(suffix)] + ("y" if suffix == "ies" else "")
+    return name
+
+
+def closeness(a: str, b: str) -> float:
+    """How alike two names are, in [0, 1] (see the module docstring)."""
+    x, y = _bare(a), _bare(b)
+    if not x or not y:
+        return 0.0
+    if x == y:
+        return 1.0
+    sx, sy = _singular(x), _singular(y)
+    if sx == sy:
+        return 0.95
+    short, long_ = sorted((sx, sy), key=len)
+    if len(short) >= 3 and short in long_:
+        return 0.7 + 0.3 * len(short) / len(long_)
+    return difflib.SequenceMatcher(None, x, y).ratio()
+
+
+def closest(name: str, candidates: Iterable[str]) -> str | None:
+    """The candidate closest to `name`, if any reaches `MIN_CLOSENESS`."""
+    scored = sorted((-closeness(name, c), c) for c in candidates)
+    if not scored or -scored[0][0] < MIN_CLOSENESS:
+        return None
+    return scored[0][1]
+
+
+def _own_key(table: str, columns: Iterable[str]) -> str | None:
+    """The column a bare `id` most likely means: the table's own `<table>_id` (`veh_id` for
+    `vehicle`), the `...id` column whose stem is closest to the table's name."""
+    keys = sorted((-closeness(_bare(c)[:-2], _singular(_bare(table))), c) for c in columns
+                  if _bare(c).endswith("id") and len(_bare(c)) > 2)
+    return keys[0][1] if keys and -keys[0][0] >= MIN_CLOSENESS else None
+
+
+def _rename(node: exp.Expression, key: str, name: str) -> None:
+    node.set(key, exp.to_identifier(name))
+
+
+def snap_to_schema(sql: str, schema: Schema) -> str | None:
+    """`sql` with the names the schema lacks replaced by its closest ones; None when the query
+    does not parse or nothing was replaced (the caller then keeps `sql` as it was)."""
+    if not schema:
+        return None
+    tree = parse(sql)
+    if tree is None:
+        return None
+    ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
+    derived = {s.alias.lower() for s in tree.find_all(exp.Subquery) if s.alias}
+    changed = False
+    aliases: dict[str, str] = {}
+    renamed: dict[str, str] = {}
+    for table in tree.find_all(exp.Table):
+        name = table.name.lower()
+        if not name or name in ctes or table.args.get("db"):
+            continue
+        if name not in schema:
+            match = closest(name, schema)
+            if match is not None:
+                _rename(table, "this", match)
+                changed = True
+                if not table.alias:  # `Customer.Name` follows `Customer` to its new name
+                    renamed[name] = match
+                name = match
+        aliases[(table.alias or name).lower()] = name
+    read = {t for t in aliases.values() if t in schema}
+    local = ctes | derived | {a.alias.lower() for a in tree.find_all(exp.Alias) if a.alias}
+    for column in tree.find_all(exp.Column):
+        name = column.name.lower()
+        if not name or isinstance(column.this, exp.Star):
+            continue
+        qualifier = column.table.lower() if column.table else None
+        if qualifier in renamed:
+            _rename(column, "table", renamed[qualifier])
+            qualifier = renamed[qualifier]
+            changed = True
+        if qualifier is not None:
+            table = aliases.get(qualifier)
+            if table is None or table not in schema:
+                continue  # a CTE's or a subquery's column, or an unknown qualifier
+            candidates: set[str] = set(schema[table])
+        elif name in local:
+            continue
+        else:
+            candidates = set().union(*(schema[t] for t in read)) if read else set()
+        if not candidates or name in candidates:
+            continue
+        match = closest(name, candidates)
+        if match is None and _bare(name) == "id" and qualifier is not None:
+            match = _own_key(aliases[qualifier], candidates)
+        if match is not None:
+            _rename(column, "this", match)
+            changed = True
+    return tree.sql(dialect="duckdb") if changed else None
