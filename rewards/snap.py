@@ -9,8 +9,12 @@ closest name it has, where one is close enough:
 
     tables   an unknown table becomes the closest table of the schema;
     columns  an unknown column becomes the closest column of the table it is qualified with,
-             or, unqualified, of the tables the query reads; names the query defines itself
-             (CTEs, aliases, a subquery's output) are never touched.
+             or, unqualified, of the tables the query reads; a right name qualified with the
+             wrong table of a join moves to the table that has it;
+    qualifiers  one the query cannot use (the table's name after it took an alias, a stray
+             letter) becomes the reference it most likely means;
+
+names the query defines itself (CTEs, aliases, a subquery's output) are never touched.
 
 Closeness (`closeness`) compares names with case, underscores and quotes ignored: the same name
 1.0, the same up to a plural `s` 0.95, one inside the other 0.7 plus up to 0.3 by their length
@@ -95,10 +99,20 @@ def snap_to_schema(sql: str, schema: Schema) -> str | None:
     if tree is None:
         return None
     ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
-    derived = {s.alias.lower() for s in tree.find_all(exp.Subquery) if s.alias}
+    refs, changed = _snap_tables(tree, schema, ctes)
+    local = ctes | {s.alias.lower() for s in tree.find_all(exp.Subquery) if s.alias}
+    selected = {a.alias.lower() for a in tree.find_all(exp.Alias) if a.alias}
+    for column in tree.find_all(exp.Column):
+        changed |= _snap_column(column, schema, refs, local, selected)
+    return tree.sql(dialect="duckdb") if changed else None
+
+
+def _snap_tables(tree: exp.Expression, schema: Schema,
+                 ctes: set[str]) -> tuple[dict[str, str], bool]:
+    """Snap every table the query reads; returns how the query refers to each (its alias, or
+    its name) -> the schema's table, and whether anything changed."""
+    refs: dict[str, str] = {}
     changed = False
-    aliases: dict[str, str] = {}
-    renamed: dict[str, str] = {}
     for table in tree.find_all(exp.Table):
         name = table.name.lower()
         if not name or name in ctes or table.args.get("db"):
@@ -108,36 +122,60 @@ def snap_to_schema(sql: str, schema: Schema) -> str | None:
             if match is not None:
                 _rename(table, "this", match)
                 changed = True
-                if not table.alias:  # `Customer.Name` follows `Customer` to its new name
-                    renamed[name] = match
                 name = match
-        aliases[(table.alias or name).lower()] = name
-    read = {t for t in aliases.values() if t in schema}
-    local = ctes | derived | {a.alias.lower() for a in tree.find_all(exp.Alias) if a.alias}
-    for column in tree.find_all(exp.Column):
-        name = column.name.lower()
-        if not name or isinstance(column.this, exp.Star):
-            continue
-        qualifier = column.table.lower() if column.table else None
-        if qualifier in renamed:
-            _rename(column, "table", renamed[qualifier])
-            qualifier = renamed[qualifier]
+        refs[(table.alias or name).lower()] = name
+    return refs, changed
+
+
+def _reference(qualifier: str, refs: Mapping[str, str]) -> str | None:
+    """The query's own name for the table `qualifier` means: itself when valid, else the
+    reference whose alias or table is closest (`Tickets.Subject` after `FROM Tickets t` means
+    `t`; `Customer.Name` after `Customer` became `customers` means `customers`), else the only
+    table read; None when it cannot tell."""
+    if qualifier in refs:
+        return qualifier
+    scored = sorted((-max(closeness(qualifier, ref), closeness(qualifier, table)), ref)
+                    for ref, table in refs.items())
+    if scored and -scored[0][0] >= MIN_CLOSENESS:
+        return scored[0][1]
+    return next(iter(refs)) if len(refs) == 1 else None
+
+
+def _snap_column(column: exp.Column, schema: Schema, refs: Mapping[str, str],
+                 local: set[str], selected: set[str]) -> bool:
+    """Snap one column reference in place (see the module docstring); True if it changed."""
+    name = column.name.lower()
+    if not name or isinstance(column.this, exp.Star):
+        return False
+    changed = False
+    if column.table:
+        qualifier = column.table.lower()
+        if qualifier in local:
+            return False  # a CTE's or a subquery's column: not the schema's
+        ref = _reference(qualifier, refs)
+        if ref is None or refs[ref] not in schema:
+            return False
+        if ref != qualifier:
+            _rename(column, "table", ref)
             changed = True
-        if qualifier is not None:
-            table = aliases.get(qualifier)
-            if table is None or table not in schema:
-                continue  # a CTE's or a subquery's column, or an unknown qualifier
-            candidates: set[str] = set(schema[table])
-        elif name in local:
-            continue
-        else:
-            candidates = set().union(*(schema[t] for t in read)) if read else set()
-        if not candidates or name in candidates:
-            continue
-        match = closest(name, candidates)
-        if match is None and _bare(name) == "id" and qualifier is not None:
-            match = _own_key(aliases[qualifier], candidates)
-        if match is not None:
-            _rename(column, "this", match)
-            changed = True
-    return tree.sql(dialect="duckdb") if changed else None
+        own = schema[refs[ref]]
+        if name in own:
+            return changed
+        match = closest(name, own) or (_own_key(refs[ref], own) if _bare(name) == "id" else None)
+        if match is None or closeness(name, match) < 1.0:
+            # Right name, wrong table: `t.FullName` where `c`, also read, has it.
+            elsewhere = sorted(r for r, t in refs.items() if t in schema and name in schema[t])
+            if elsewhere:
+                _rename(column, "table", elsewhere[0])
+                return True
+    else:
+        if name in local or name in selected:
+            return False
+        own = set().union(*(schema[t] for t in refs.values() if t in schema))
+        if not own or name in own:
+            return False
+        match = closest(name, own)
+    if match is not None:
+        _rename(column, "this", match)
+        changed = True
+    return changed

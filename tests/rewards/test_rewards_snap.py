@@ -34,6 +34,12 @@ def test_closeness_ignores_case_underscores_and_plurals_and_rewards_containment(
     ("SELECT v.id, v.ordr FROM vehicles v", 'SELECT v.veh_id, v."order" FROM vehicle AS v'),
     ("SELECT EXTRACT(YEAR FROM OpenedOn) FROM Tickets",
      "SELECT EXTRACT(YEAR FROM openedat) FROM Tickets"),
+    # A qualifier the query cannot use: the table's name after it took an alias, or a stray one.
+    ("SELECT Tickets.Subject FROM Tickets t", "SELECT t.Subject FROM Tickets AS t"),
+    ("SELECT x.Subject FROM Tickets t", "SELECT t.Subject FROM Tickets AS t"),
+    # The right name on the wrong table of a join moves to the table that has it.
+    ("SELECT t.FullName FROM Tickets t JOIN Customers c ON t.CustomerId = c.CustomerId",
+     "SELECT c.FullName FROM Tickets AS t JOIN Customers AS c ON t.CustomerId = c.CustomerId"),
 ])
 def test_guessed_names_become_the_closest_real_ones(written, snapped):
     assert snap_to_schema(written, SCHEMA) == snapped
