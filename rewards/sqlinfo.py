@@ -11,10 +11,10 @@ from sqlglot.errors import SqlglotError
 
 def parse(sql: str, dialect: str = "duckdb") -> exp.Expression | None:
     """The parse tree of `sql` (a fresh one each call, safe to change), or None when it does
-    not parse."""
+    not parse, nesting too deep for the parser included (untrusted text may try)."""
     try:
         return sqlglot.parse_one(sql, read=dialect)
-    except (SqlglotError, ValueError):
+    except (SqlglotError, ValueError, RecursionError):
         return None
 
 

@@ -53,6 +53,7 @@ def test_guessed_names_become_the_closest_real_ones(written, snapped):
     "SELECT TicketId FROM Tickets WHERE Phone = 'phone'",  # nothing close enough
     "SELECT * FROM Tickets",
     "SELECT FROM WHERE (",  # does not parse
+    "SELECT " + "(" * 3000 + "1" + ")" * 3000,  # nesting too deep for the parser
 ])
 def test_names_that_exist_or_that_the_query_defines_are_left_alone(sql):
     assert snap_to_schema(sql, SCHEMA) is None
