@@ -85,9 +85,12 @@ def test_a_seed_noise_difference_is_not_kept():
 
 def test_a_real_improvement_is_kept():
     better = BASE.with_changes({"rl.adam.learning_rate": 2e-4})
+    # 200 studies, not 40: the rule keeps about 84% of them, and 40 draws of that sit within
+    # two standard deviations of the 75% floor, so any change to the simulated runs' random
+    # streams (a new config field changes them) could fail a sound rule.
     kept = sum(_full_rule([s, 100 + s, 200 + s], 0.65, 0.40, better) == "keep"
-               for s in range(40))
-    assert kept >= 30  # +0.25 on 64 tasks: found at least 75% of the time
+               for s in range(200))
+    assert kept >= 150  # +0.25 on 64 tasks: found at least 75% of the time
 
 
 def test_a_study_of_seed_noise_keeps_only_the_baseline_and_says_why(tmp_path: Path):
