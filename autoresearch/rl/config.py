@@ -173,8 +173,11 @@ class TrialConfig(_Strict):
     def fingerprint(self) -> str:
         """A short stable hash of the config (names a trial's artifacts)."""
         data = self.model_dump(mode="json")
+        # Fields added later, at their defaults, keep the names configs had before them.
         if data["train_unembed"] is True:
-            del data["train_unembed"]  # the default keeps the names configs had before the field
+            del data["train_unembed"]
+        if data["eval"]["snap_names"] is False:
+            del data["eval"]["snap_names"]
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
