@@ -132,9 +132,11 @@ class Scorer:
             return ScoreResult.zero(GOLD_ERROR, str(error)[:500], task.id, sql)
         if on_untrusted is not None:
             on_untrusted()
-        written = sql
+        snapped_from = None
         if config.snap_names and prepared:
-            sql = snap_to_schema(sql, prepared[0][0].columns) or sql
+            snapped = snap_to_schema(sql, prepared[0][0].columns)
+            if snapped is not None:
+                sql, snapped_from = snapped, sql
         budget_end = time.monotonic() + self.sandbox.limits.timeout_s
         ordered = config.match.respect_order and has_top_level_order_by(task.gold_sql)
         results: list[QueryResult] = []
@@ -163,7 +165,7 @@ class Scorer:
         if outcome in UNSAFE:
             return ScoreResult(
                 0.0, Components(), False, str(outcome), failure.error, sql, task.id,
-                len(prepared), 0, elapsed, snapped_from=written if sql != written else None,
+                len(prepared), 0, elapsed, snapped_from=snapped_from,
             )
         correct = failure is None and matched == len(prepared)
         executes = failure is None
@@ -192,5 +194,5 @@ class Scorer:
             failure.error if failure else None, sql, task.id, len(prepared), matched, elapsed,
             answer=compare.answer_digest(first.rows) if first is not None else None,
             answer_rows=len(first.rows) if first is not None else 0,
-            snapped_from=written if sql != written else None,
+            snapped_from=snapped_from,
         )

@@ -35,10 +35,8 @@ from collections.abc import Iterable, Mapping
 
 from sqlglot import exp
 
+from rewards.schema_linking import Schema
 from rewards.sqlinfo import parse
-
-Schema = Mapping[str, frozenset[str]]
-"""Table name -> its column names, lower case (`Database.columns`)."""
 
 MIN_CLOSENESS = 0.6
 
@@ -70,20 +68,23 @@ def closeness(a: str, b: str) -> float:
     return difflib.SequenceMatcher(None, x, y).ratio()
 
 
+def _best(scored: Iterable[tuple[float, str]]) -> str | None:
+    """The name with the highest score, ties to the one that sorts first, if it reaches
+    `MIN_CLOSENESS`."""
+    ranked = sorted((-score, name) for score, name in scored)
+    return ranked[0][1] if ranked and -ranked[0][0] >= MIN_CLOSENESS else None
+
+
 def closest(name: str, candidates: Iterable[str]) -> str | None:
     """The candidate closest to `name`, if any reaches `MIN_CLOSENESS`."""
-    scored = sorted((-closeness(name, c), c) for c in candidates)
-    if not scored or -scored[0][0] < MIN_CLOSENESS:
-        return None
-    return scored[0][1]
+    return _best((closeness(name, c), c) for c in candidates)
 
 
 def _own_key(table: str, columns: Iterable[str]) -> str | None:
     """The column a bare `id` most likely means: the table's own `<table>_id` (`veh_id` for
     `vehicle`), the `...id` column whose stem is closest to the table's name."""
-    keys = sorted((-closeness(_bare(c)[:-2], _singular(_bare(table))), c) for c in columns
-                  if _bare(c).endswith("id") and len(_bare(c)) > 2)
-    return keys[0][1] if keys and -keys[0][0] >= MIN_CLOSENESS else None
+    return _best((closeness(_bare(c)[:-2], _singular(_bare(table))), c) for c in columns
+                 if _bare(c).endswith("id") and len(_bare(c)) > 2)
 
 
 def _rename(node: exp.Expression, key: str, name: str) -> None:
@@ -134,11 +135,9 @@ def _reference(qualifier: str, refs: Mapping[str, str]) -> str | None:
     table read; None when it cannot tell."""
     if qualifier in refs:
         return qualifier
-    scored = sorted((-max(closeness(qualifier, ref), closeness(qualifier, table)), ref)
-                    for ref, table in refs.items())
-    if scored and -scored[0][0] >= MIN_CLOSENESS:
-        return scored[0][1]
-    return next(iter(refs)) if len(refs) == 1 else None
+    best = _best((max(closeness(qualifier, ref), closeness(qualifier, table)), ref)
+                 for ref, table in refs.items())
+    return best or (next(iter(refs)) if len(refs) == 1 else None)
 
 
 def _snap_column(column: exp.Column, schema: Schema, refs: Mapping[str, str],
