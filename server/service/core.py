@@ -144,15 +144,18 @@ class ServiceCore:
             )
 
     def _free_sampler(self, sampler_id: str, reason: str) -> None:
+        """Forget a snapshot; its reason is recorded in the same step, so that a request
+        arriving while its cached weights are dropped is told why, never "unknown"."""
         with self._lock:
             sampler = self.samplers.pop(sampler_id, None)
             session = self.sessions.get(sampler_id.split(":", 1)[0])
             if session is not None and sampler_id in session.sampler_ids:
                 session.sampler_ids.remove(sampler_id)
+            if sampler is not None:
+                self.snapshots.remove(sampler.run_id or "", sampler_id, reason)
         if sampler is None:
             return
         self.sampler_cache.drop(sampler_id)
-        self.snapshots.remove(sampler.run_id or "", sampler_id, reason)
         self.metrics.freed_snapshots.inc()
 
     def _prepare_batch(self, kind: str, batch: list[Work]) -> None:
