@@ -9,7 +9,7 @@ components and a total under a `RewardConfig` (`score`).
 from rewards.compare import COMPARATOR_VERSION, column_overlap, execution_match, row_overlap
 from rewards.config import MatchConfig, RewardConfig, RewardWeights, SandboxLimits
 from rewards.extract import Extraction, extract, extract_sql
-from rewards.pool import RewardPool, WorkerStats, score
+from rewards.pool import RewardPool, ScoringCodeChanged, WorkerStats, score
 from rewards.score import Components, ScoreResult
 from rewards.sqlinfo import has_top_level_order_by
 from rewards.task import Task
@@ -24,6 +24,7 @@ __all__ = [
     "RewardWeights",
     "SandboxLimits",
     "ScoreResult",
+    "ScoringCodeChanged",
     "Task",
     "WorkerStats",
     "column_overlap",

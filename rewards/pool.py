@@ -6,7 +6,9 @@ list, `ascore_many` awaits one. Each dispatcher sends small batches to its worke
 samples for the same task travels once, and enforces the kill timeout: a worker that overruns
 its budget, crashes or runs out of memory is killed and replaced, and the prediction it was
 scoring gets a zero. Workers die with the pool: on `close()`, at interpreter exit, and (through
-the kernel's parent-death signal and their closed pipes) when the calling process dies.
+the kernel's parent-death signal and their closed pipes) when the calling process dies. A
+worker whose scoring code differs from what this process loaded (the package changed on disk
+under a running pool) is refused, and its jobs raise `ScoringCodeChanged` rather than score.
 
 `score()` is the one-call form, backed by a lazily started single-worker pool.
 """
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from rewards import codeversion
 from rewards.config import RewardConfig, SandboxLimits
 from rewards.score import CRASHED, ScoreResult
 from rewards.task import Task
@@ -60,6 +63,10 @@ class WorkerStats:
 
 
 _STOP = object()
+
+
+class ScoringCodeChanged(RuntimeError):
+    """A new worker loaded other scoring code than its pool's process runs."""
 
 
 def _import_roots() -> list[str]:
@@ -125,6 +132,13 @@ class _Slot:
         if not ready:
             self.kill_worker()
             raise RuntimeError("a scoring worker failed to start")
+        if ready[2] != codeversion.LOADED:
+            self.kill_worker()
+            raise ScoringCodeChanged(
+                "the scoring code on disk (the rewards package) changed after this process "
+                "loaded it, so a new scoring worker would score with other code; restart the "
+                "process (a trial resumes from its last checkpoint)"
+            )
         self.live.set()
 
     def stop_worker(self) -> None:
@@ -179,6 +193,10 @@ class _Slot:
         if self.process is None:
             try:
                 self.start_worker()
+            except ScoringCodeChanged as error:  # no score is honest now: the caller must stop
+                for job in batch:
+                    job.future.set_exception(error)
+                return []
             except Exception as error:  # cannot start a worker: fail these jobs, keep serving
                 for job in batch:
                     job.future.set_result(

@@ -17,6 +17,7 @@ import resource
 import signal
 from multiprocessing.connection import Connection
 
+from rewards.codeversion import LOADED
 from rewards.config import RewardConfig, SandboxLimits
 from rewards.sandbox import Outcome, Sandbox, SandboxBroken
 from rewards.score import CRASHED, Scorer, ScoreResult
@@ -58,7 +59,7 @@ def main(fd: int, limits_json: str) -> None:
     limits = SandboxLimits.model_validate_json(limits_json)
     _cap_memory(limits)
     scorer = Scorer(Sandbox(limits))
-    connection.send(("ready", os.getpid()))
+    connection.send(("ready", os.getpid(), LOADED))
     while True:
         try:
             batch: list[Job] = connection.recv()

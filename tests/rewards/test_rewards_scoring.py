@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 
 import rewards
-from rewards import RewardConfig, RewardPool, RewardWeights, SandboxLimits, Task
+from rewards import (
+    RewardConfig,
+    RewardPool,
+    RewardWeights,
+    SandboxLimits,
+    ScoringCodeChanged,
+    Task,
+    codeversion,
+)
 
 SETUP_A = """
 CREATE TABLE shops (id INTEGER, name VARCHAR, region VARCHAR, area DECIMAL(10,2));
@@ -150,6 +158,26 @@ def test_a_killed_worker_is_replaced_and_its_prediction_scores_zero(task):
         assert pool.score(GOLD, task).correct
         assert pool.worker_pids()[0] != pid
         assert pool.stats()[0].restarts == 1
+
+
+def test_a_worker_that_loads_changed_scoring_code_stops_its_jobs_with_a_clear_error(
+    task, monkeypatch
+):
+    """An upgrade under a running pool: its replacement workers would run other code. Their
+    jobs fail with an error that says so, instead of scoring zero as if the model had failed."""
+    with RewardPool(workers=1) as pool:
+        assert pool.score(GOLD, task).correct
+        monkeypatch.setattr(codeversion, "LOADED", "other-code")  # as if the files had changed
+        os.kill(pool.worker_pids()[0], signal.SIGKILL)
+        future = pool.submit(GOLD, task)
+        with pytest.raises(ScoringCodeChanged, match="changed after this process loaded it"):
+            future.result(timeout=60)
+        assert pool.worker_pids() == []
+    with pytest.raises(RuntimeError, match="changed after this process loaded it"):
+        RewardPool(workers=1)
+    monkeypatch.undo()
+    with RewardPool(workers=1) as pool:  # the same code again: scoring as before
+        assert pool.score(GOLD, task).correct
 
 
 def _alive(pid: int) -> bool:
