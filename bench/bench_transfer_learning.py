@@ -22,7 +22,9 @@ tasks of every split once more, answering each question with the result most of 
 K sampled queries return on its database (execution-based self-consistency, the decoding
 SLM-SQL's figures use), beside the greedy answers and the paired difference. `--snap` (alone or
 with `--vote`) runs every answer with the table and column names its database lacks snapped
-onto the closest ones it has (`rewards.snap`), beside the greedy queries as written.
+onto the closest ones it has (`rewards.snap`), beside the greedy queries as written;
+`--snap-values` likewise snaps the strings an answer compares a column with onto the values that
+column holds (`rewards.snap_values`), alone or with `--snap`.
 """
 
 from __future__ import annotations
@@ -137,7 +139,8 @@ def table(record: TrialRecord) -> tuple[str, dict[str, Any]]:
 
 def rescore(out: Path, server_config: ServerConfig, vote: int = 0,
             temperature: float = 0.8, stages: tuple[str, ...] = ("sft", "final"),
-            splits: tuple[str, ...] = SPLITS, snap: bool = False) -> str:
+            splits: tuple[str, ...] = SPLITS, snap: bool = False,
+            snap_values: bool = False) -> str:
     """Score a finished run's saved SFT and final weights again, without training.
 
     Plain (`vote` 0, no `snap`): the transfer rows (and the base model's), greedy, on the
@@ -153,10 +156,11 @@ def rescore(out: Path, server_config: ServerConfig, vote: int = 0,
         raise SystemExit(f"{out} holds no finished run to rescore")
     sft = next(c["path"] for c in record.of_type("checkpoint")
                if c["phase"] == "sft" and c["step"] == config.sft.steps)
-    decoding = bool(vote or snap)
+    decoding = bool(vote or snap or snap_values)
     # What a decoding pass varies names its folder: a finished pass is reused, never mixed up.
     name = "-".join([f"vote-{vote}-t{temperature:g}" if vote else "greedy", *splits]
-                    + (["snap"] if snap else [])) if decoding else "rescore"
+                    + (["snap"] if snap else []) + (["values"] if snap_values else [])
+                    ) if decoding else "rescore"
     evals: dict[tuple[str, str], dict[str, Any]] = {}
     with ServerThread(server_config) as server, RewardPool() as pool:
         weights = {"sft": sft, "final": final["checkpoint"]}
@@ -169,7 +173,7 @@ def rescore(out: Path, server_config: ServerConfig, vote: int = 0,
                 "eval.baseline": stage == "sft" and not decoding,
                 "eval.transfer_tasks": config.eval.transfer_tasks if decoding else 100_000,
                 "eval.vote": vote, "eval.vote_temperature": temperature,
-                "eval.snap_names": snap}
+                "eval.snap_names": snap, "eval.snap_values": snap_values}
             for split in ("dev", "test"):
                 if not decoding or split not in splits:
                     changes[f"eval.{split}_tasks"] = 0
@@ -182,15 +186,17 @@ def rescore(out: Path, server_config: ServerConfig, vote: int = 0,
     if not decoding:
         return "\n".join(HEADER + [_row("transfer", label, **_counts(evals["transfer", stage]))
                                     for stage, label in STAGES])
-    return decoding_table(evals, vote, snap)
+    return decoding_table(evals, vote, snap, snap_values)
 
 
 def decoding_table(evals: dict[tuple[str, str], dict[str, Any]], vote: int,
-                   snap: bool = False) -> str:
-    """Per split and stage: the greedy query as written (with `snap`), the greedy answer, the
-    voted one (with `vote`), then the paired differences between them."""
+                   snap: bool = False, snap_values: bool = False) -> str:
+    """Per split and stage: the greedy query as written (with `snap` or `snap_values`), the
+    greedy answer, the voted one (with `vote`), then the paired differences between them."""
     lines, diffs = list(HEADER), []
-    snapped = ", names snapped" if snap else ""
+    what = " and ".join(w for w, on in (("names", snap), ("values", snap_values)) if on)
+    snapped = f", {what} snapped" if what else ""
+    snap = bool(what)
     for split in SPLITS:
         for stage, label in STAGES[1:]:
             e = evals.get((split, stage))
@@ -257,6 +263,9 @@ def main() -> None:
     parser.add_argument("--snap", action="store_true",
                         help="after a run or with --rescore: run every answer with the names "
                              "its database lacks snapped onto the closest ones it has")
+    parser.add_argument("--snap-values", action="store_true",
+                        help="likewise: run every answer with the strings it compares a column "
+                             "with snapped onto the values that column holds")
     parser.add_argument("--vote-stages", default="sft,final",
                         help="which saved weights a decoding pass (--vote, --snap) scores: "
                              "sft, final or both")
@@ -273,7 +282,7 @@ def main() -> None:
     narrowing = (_names(args.vote_stages, ("sft", "final")), _names(args.vote_splits, SPLITS))
     if args.rescore:
         text = rescore(out, server_config, args.vote, args.vote_temperature, *narrowing,
-                       snap=args.snap)
+                       snap=args.snap, snap_values=args.snap_values)
         print(f"\nrescored {out} in {time.time() - started:.0f} s; load average "
               f"{os.getloadavg()}\n\n{text}")
         return
@@ -302,11 +311,12 @@ def main() -> None:
     for key, d in numbers.items():
         if "value" in d:
             print(f"{key}: {d['value']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]")
-    if args.vote or args.snap:
+    if args.vote or args.snap or args.snap_values:
         again = time.time()
         text = rescore(out, server_config, args.vote, args.vote_temperature, *narrowing,
-                       snap=args.snap)
-        print(f"\ndecoding pass (vote of {args.vote + 1}, names snapped: {args.snap}): "
+                       snap=args.snap, snap_values=args.snap_values)
+        print(f"\ndecoding pass (vote of {args.vote + 1}, names snapped: {args.snap}, values "
+              f"snapped: {args.snap_values}): "
               f"{time.time() - again:.0f} s\n\n{text}")
 
 

@@ -57,6 +57,11 @@ class RewardConfig(_Frozen):
     """Run the prediction with the table and column names its database lacks replaced by the
     closest ones it has (`rewards/snap.py`): an inference-time repair for evaluation. Leave it
     off for training rewards, which must judge what the model wrote."""
+    snap_values: bool = False
+    """Run the prediction with each string it compares a text column with replaced by the value
+    that column holds which differs only in case, spaces, hyphens or underscores (`'Urgent'`
+    where the data says `'urgent'`; `rewards/snap_values.py`): the same kind of repair, for
+    values. Off for training rewards, for the same reason."""
 
     def to_json(self) -> str:
         return self.model_dump_json()

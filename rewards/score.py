@@ -22,12 +22,15 @@ from rewards.extract import extract
 from rewards.sandbox import UNSAFE, Database, Outcome, QueryResult, Sandbox, SandboxBroken
 from rewards.schema_linking import schema_credit
 from rewards.snap import snap_to_schema
+from rewards.snap_values import snap_values
 from rewards.sqlinfo import has_top_level_order_by
 from rewards.task import Task
 
 NO_SQL = "no_sql"
 GOLD_ERROR = "gold_error"
 CRASHED = "crashed"
+MAX_VALUES = 2000
+"""A column with more distinct strings than this is not looked through by `snap_values`."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,9 @@ class ScoreResult:
     answer_rows: int = 0
     """How many rows that answer has."""
     snapped_from: str | None = None
-    """With `RewardConfig.snap_names`, the query as the model wrote it when `sql` is its
-    repair (names snapped onto the schema); None when it ran as written."""
+    """With `RewardConfig.snap_names` or `snap_values`, the query as the model wrote it when
+    `sql` is its repair (names snapped onto the schema, values onto the data); None when it ran
+    as written."""
 
     @classmethod
     def zero(cls, outcome: str, error: str, task_id: str = "", sql: str | None = None):
@@ -75,6 +79,10 @@ def _normalise(sql: str) -> str:
     return re.sub(r"\s+", " ", sql).strip()
 
 
+def _quoted(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
 class GoldError(RuntimeError):
     """The task's own gold query fails: a broken task, not a bad prediction."""
 
@@ -85,6 +93,7 @@ class Scorer:
     def __init__(self, sandbox: Sandbox, cached_golds: int = 8192) -> None:
         self.sandbox = sandbox
         self._golds: OrderedDict[tuple[str, str], QueryResult] = OrderedDict()
+        self._values: OrderedDict[tuple[str, str, str], tuple[str, ...] | None] = OrderedDict()
         self._capacity = cached_golds
 
     def prepare(self, task: Task, all_instances: bool) -> list[tuple[Database, QueryResult]]:
@@ -106,6 +115,22 @@ class Scorer:
                 self._golds.move_to_end(key)
             prepared.append((database, gold))
         return prepared
+
+    def text_values(self, database: Database, table: str, column: str) -> tuple[str, ...] | None:
+        """The distinct strings `table.column` holds on `database` (trusted names from its own
+        schema, cached), or None when it holds other types or more than `MAX_VALUES`."""
+        key = (database.key, table, column)
+        if key not in self._values:
+            name, field_ = _quoted(table), _quoted(column)
+            query = (f"SELECT DISTINCT {field_} FROM {name} WHERE {field_} IS NOT NULL "
+                     f"LIMIT {MAX_VALUES + 1}")
+            result = self.sandbox.run(database, query)
+            held = [row[0] for row in result.rows] if result.outcome is Outcome.OK else []
+            usable = 0 < len(held) <= MAX_VALUES and all(isinstance(v, str) for v in held)
+            self._values[key] = tuple(held) if usable else None
+            while len(self._values) > self._capacity:
+                self._values.popitem(last=False)
+        return self._values[key]
 
     def score(
         self,
@@ -132,11 +157,14 @@ class Scorer:
             return ScoreResult.zero(GOLD_ERROR, str(error)[:500], task.id, sql)
         if on_untrusted is not None:
             on_untrusted()
-        snapped_from = None
+        written = sql
         if config.snap_names and prepared:
-            snapped = snap_to_schema(sql, prepared[0][0].columns)
-            if snapped is not None:
-                sql, snapped_from = snapped, sql
+            sql = snap_to_schema(sql, prepared[0][0].columns) or sql
+        if config.snap_values and prepared:
+            database = prepared[0][0]
+            sql = snap_values(sql, database.columns,
+                              lambda t, c: self.text_values(database, t, c)) or sql
+        snapped_from = written if sql != written else None
         budget_end = time.monotonic() + self.sandbox.limits.timeout_s
         ordered = config.match.respect_order and has_top_level_order_by(task.gold_sql)
         results: list[QueryResult] = []

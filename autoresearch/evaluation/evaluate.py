@@ -5,7 +5,9 @@ With `vote` > 0 each question also gets that many sampled queries, and the answe
 database (execution-based self-consistency); the greedy figures and the share of questions any
 candidate got right (a ceiling that reads the gold, never used to choose) are kept beside it.
 With `snap_names` every query runs with the names its database lacks snapped onto the closest
-ones it has (`rewards.snap`); the greedy queries' figures as written are kept beside those.
+ones it has (`rewards.snap`), with `snap_values` with the strings it compares a column with
+snapped onto the column's values (`rewards.snap_values`); the greedy queries' figures as written
+are kept beside those.
 
 Reports execution accuracy with a 95% Wilson interval, accuracy per difficulty tier, parse and
 execution rates, and the mean reward with its components. The per-task verdicts are kept so two
@@ -149,10 +151,12 @@ def evaluate(
     vote_temperature: float = 0.8,
     seed: int = 0,
     snap_names: bool = False,
+    snap_values: bool = False,
 ) -> EvalResult:
     """Greedy decoding on `tasks`, scored in the sandbox; with `vote` > 0, the answer each
-    question's greedy and `vote` sampled queries agree on; with `snap_names`, every query run
-    with the names its database lacks snapped onto it (see the module docstring)."""
+    question's greedy and `vote` sampled queries agree on; with `snap_names` (`snap_values`),
+    every query run with the names (strings) its database lacks snapped onto it (see the
+    module docstring)."""
     def decoded(sequences: list[list[Any]]) -> list[list[str]]:
         return [[tokenizer.decode(s.tokens) for s in seqs] for seqs in sequences]
 
@@ -163,7 +167,8 @@ def evaluate(
                                              num_samples=vote, temperature=vote_temperature,
                                              seed=seed, view=view))
         candidates = [greedy[:1] + more for greedy, more in zip(candidates, sampled)]
-    scoring = reward.model_copy(update={"snap_names": True}) if snap_names else reward
+    snapping = {"snap_names": snap_names, "snap_values": snap_values}
+    scoring = reward.model_copy(update=snapping) if any(snapping.values()) else reward
     flat = pool.score_many([(c, t) for t, cs in zip(tasks, candidates) for c in cs], scoring)
     scored, start = [], 0
     for cs in candidates:
@@ -185,10 +190,11 @@ def evaluate(
             "chose_greedy": sum(i == 0 for i in picks),
             "any_correct": sum(any(x.correct for x in r) for r in scored),
         }
-    if snap_names:
-        written = pool.score_many([(c[0], t) for t, c in zip(tasks, candidates)], reward)
+    if any(snapping.values()):
+        as_written = reward.model_copy(update={"snap_names": False, "snap_values": False})
+        written = pool.score_many([(c[0], t) for t, c in zip(tasks, candidates)], as_written)
         result.decoding.update({
-            "snap_names": True,
+            **{k: True for k, v in snapping.items() if v},
             "snapped": sum(r[i].snapped_from is not None for r, i in zip(scored, picks)),
             "written_correct": sum(r.correct for r in written),
             "written_execute_rate": sum(r.components.executes > 0 for r in written) / n,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -120,6 +120,9 @@ class EvalConfig(_Strict):
     """Run each answer with the table and column names its database lacks replaced by the
     closest ones it has (`rewards.snap`), an inference-time repair; training rewards never
     snap. The figures without it stay in the eval entry beside the snapped ones."""
+    snap_values: bool = False
+    """Also run each answer with a string it compares a column with replaced by the value that
+    column holds which differs only in case or spacing (`rewards.snap_values`)."""
 
 
 class PromptConfig(_Strict):
@@ -130,6 +133,16 @@ class PromptConfig(_Strict):
     max_schema_chars: int | None = Field(None, ge=200, le=100_000)
     """Cap on the schema text: past it, the tables least related to the question are left
     out. None: the whole schema, as before."""
+
+
+ADDED_LATER: dict[str, Any] = {
+    "train_unembed": True,
+    "reward.snap_names": False,
+    "eval.snap_names": False,
+    "reward.snap_values": False,
+    "eval.snap_values": False,
+}
+"""Fields added after configs were first hashed, and their defaults (see `canonical`)."""
 
 
 class TrialConfig(_Strict):
@@ -170,15 +183,23 @@ class TrialConfig(_Strict):
         return self
 
     # -------------------------------------------------------------- i/o
+    def canonical(self) -> dict[str, Any]:
+        """The config as hashed: fields added in later versions are left out while they hold
+        their defaults, so a config that does not use them keeps the name, cache keys and
+        random streams it had before they existed."""
+        data = self.model_dump(mode="json")
+        for path, default in ADDED_LATER.items():
+            *parents, leaf = path.split(".")
+            section = data
+            for key in parents:
+                section = section[key]
+            if section[leaf] == default:
+                del section[leaf]
+        return data
+
     def fingerprint(self) -> str:
         """A short stable hash of the config (names a trial's artifacts)."""
-        data = self.model_dump(mode="json")
-        # Fields added later, at their defaults, keep the names configs had before them.
-        if data["train_unembed"] is True:
-            del data["train_unembed"]
-        if data["eval"]["snap_names"] is False:
-            del data["eval"]["snap_names"]
-        blob = json.dumps(data, sort_keys=True).encode()
+        blob = json.dumps(self.canonical(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
     @classmethod

@@ -574,6 +574,7 @@ class Trial:
             vote_temperature=self.config.eval.vote_temperature,
             seed=self.config.seed,
             snap_names=self.config.eval.snap_names,
+            snap_values=self.config.eval.snap_values,
         )
         entry = self.record.append(
             "eval", stage=stage, step=step, seconds=round(time.time() - started, 3),

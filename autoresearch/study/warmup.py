@@ -73,7 +73,7 @@ def server_scope(study: Study) -> str:
 
 
 def cache_key(config: TrialConfig, scope: str) -> str:
-    blob = json.dumps({"config": config.model_dump(mode="json"), "scope": scope},
+    blob = json.dumps({"config": config.canonical(), "scope": scope},
                       sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

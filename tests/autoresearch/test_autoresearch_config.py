@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from autoresearch.rl.config import TrialConfig
+from autoresearch.rl.config import ADDED_LATER, TrialConfig
 
 
 def test_defaults_validate_and_round_trip_through_yaml(tmp_path):
@@ -14,6 +14,17 @@ def test_defaults_validate_and_round_trip_through_yaml(tmp_path):
     path.write_text(config.to_yaml())
     assert TrialConfig.from_file(path) == config
     assert config.fingerprint() == TrialConfig.from_file(path).fingerprint()
+
+
+def test_fields_added_later_keep_the_fingerprint_configs_had_before_them():
+    """A fingerprint names a trial's directory and seeds a simulated study's random streams: a
+    new field at its default must leave it as it was. The value is the one the default config
+    had before `train_unembed` and the snapping switches existed."""
+    config = TrialConfig.model_validate({"name": "x", "base_model": "m"})
+    assert config.fingerprint() == "5268dd394a81"
+    for field, default in ADDED_LATER.items():
+        assert config.with_changes({field: default}).fingerprint() == config.fingerprint()
+        assert config.with_changes({field: not default}).fingerprint() != config.fingerprint()
 
 
 @pytest.mark.parametrize(

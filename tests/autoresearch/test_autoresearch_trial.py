@@ -276,9 +276,6 @@ def test_train_unembed_changes_a_config_fingerprint_only_when_it_leaves_the_defa
     default = tiny_config(sql_model_dir)
     assert default.with_changes({"train_unembed": True}).fingerprint() == default.fingerprint()
     assert default.with_changes({"train_unembed": False}).fingerprint() != default.fingerprint()
-    # Likewise snapped evaluation: off keeps the names (and cached trials) configs had before.
-    assert default.with_changes({"eval.snap_names": False}).fingerprint() == default.fingerprint()
-    assert default.with_changes({"eval.snap_names": True}).fingerprint() != default.fingerprint()
 
 
 @pytest.mark.parametrize("temperature", [0.6, 1.3])

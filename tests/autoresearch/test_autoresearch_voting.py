@@ -127,3 +127,18 @@ def test_evaluation_with_snapped_names_keeps_the_queries_as_written_beside_it():
     # The vote runs on snapped candidates too: the greedy one is now right and keeps its tie.
     assert both.verdicts == {"t1": True} and both.decoding["chose_greedy"] == 1
     assert both.decoding["greedy_correct"] == 1 and both.decoding["written_correct"] == 0
+
+
+def test_evaluation_with_snapped_values_repairs_a_strings_case_and_says_so():
+    texts = ["SELECT nam FROM pets WHERE kind = 'Dog'"]  # a guessed name and a value's case
+    task = Task(setup_sql=SETUP, question="Which pets are dogs?", gold_sql=GOLD, id="t1")
+    with RewardPool(workers=1) as pool:
+        values = evaluate(_Sampler(), _Tokenizer(texts), [task], "dev", pool,
+                          RewardConfig(extract=False), snap_values=True)
+        both = evaluate(_Sampler(), _Tokenizer(texts), [task], "dev", pool,
+                        RewardConfig(extract=False), snap_names=True, snap_values=True)
+    # The value alone is repaired; the guessed column still fails the query.
+    assert values.verdicts == {"t1": False} and values.decoding["snap_values"] is True
+    assert "snap_names" not in values.decoding and values.decoding["snapped"] == 1
+    assert both.verdicts == {"t1": True} and both.decoding["snapped"] == 1
+    assert both.decoding["written_verdicts"] == {"t1": False}
