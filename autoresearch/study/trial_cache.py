@@ -66,7 +66,7 @@ def cache_root(directory: str | None) -> Path:
 def trial_key(config: TrialConfig, scope: str) -> str:
     """What decides a trial's outcome, hashed: its config minus the name, where it runs, and
     the code that runs it."""
-    blob = json.dumps({"config": config.model_dump(mode="json", exclude={"name"}),
+    blob = json.dumps({"config": {k: v for k, v in config.canonical().items() if k != "name"},
                        "scope": scope, "version": _version()}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
