@@ -31,6 +31,7 @@ from autoresearch.evaluation.evaluate import EvalResult, evaluate, prompt_tokens
 from autoresearch.rl.advantages import group_advantages, is_constant, kl_estimates, token_advantages
 from autoresearch.rl.config import AdamConfig, TrialConfig
 from autoresearch.rl.record import TrialRecord
+from autoresearch.rl.sdk_logging import quiet_long_polls
 from rewards import RewardPool, ScoreResult, Task
 from sqltasks import STOP_SEQUENCES, SchemaView, load_corpus
 
@@ -234,6 +235,7 @@ class Trial:
     def _run_once(self) -> TrialResult:
         c = self.config
         started = time.time()
+        quiet_long_polls()
         service = tinker.ServiceClient(base_url=self.server_url, api_key=self.api_key)
         resume = self.record.resume_point()
         lost = self.record.rewind_to(resume)
