@@ -12,6 +12,7 @@ checkpoint redoes the lost steps exactly as they would have run.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import random
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import tinker
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[dict[str, Any]], None]
 RETRYABLE = (tinker.APIConnectionError, tinker.APITimeoutError, tinker.InternalServerError)
+SESSION_CLOSE_TIMEOUT_S = 10.0
+"""How long ending a trial's session may hold the trial's return (a server that is down)."""
 _TOKENIZER_LOCK = threading.Lock()
 """transformers' lazy imports are not thread-safe: trials in parallel threads load one at a time."""
 
@@ -233,10 +236,26 @@ class Trial:
                 pool.close()
 
     def _run_once(self) -> TrialResult:
-        c = self.config
-        started = time.time()
+        """One attempt, on a client session of its own that ends with it: a finished, failed
+        or interrupted trial leaves no session heartbeating behind (a study runs many trials in
+        one process, and a heartbeat that outlives its server reaches the next one's port)."""
         quiet_long_polls()
         service = tinker.ServiceClient(base_url=self.server_url, api_key=self.api_key)
+        status: Literal["success", "errored", "interrupted"] = "interrupted"
+        try:
+            result = self._attempt(service)
+            status = "success"
+            return result
+        except Exception:
+            status = "errored"
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                service.close(status).result(timeout=SESSION_CLOSE_TIMEOUT_S)
+
+    def _attempt(self, service: tinker.ServiceClient) -> TrialResult:
+        c = self.config
+        started = time.time()
         resume = self.record.resume_point()
         lost = self.record.rewind_to(resume)
         if resume is not None:

@@ -74,6 +74,7 @@ def test_a_trial_runs_end_to_end_and_records_every_step(
     sql_model_dir, sql_server, reward_pool, tmp_path
 ):
     events = []
+    sessions_before = set(sql_server.service.sessions)
     result = run_trial(
         tiny_config(sql_model_dir),
         tmp_path / "trial",
@@ -82,6 +83,9 @@ def test_a_trial_runs_end_to_end_and_records_every_step(
         events.append,
         reward_pool,
     )
+    # The trial's client session ended with it: nothing of it heartbeats on.
+    own = [s for sid, s in sql_server.service.sessions.items() if sid not in sessions_before]
+    assert own and all(s.finished == "success" for s in own)
     record = TrialRecord(tmp_path / "trial")
     steps = record.of_type("step")
     assert [(s["phase"], s["step"]) for s in steps] == [
