@@ -7,6 +7,7 @@ import duckdb
 import pytest
 
 from rewards import RewardConfig, RewardPool, Task
+from rewards.sandbox import Sandbox
 from rewards.snap import closeness, closest, snap_to_schema
 
 SCHEMA = {
@@ -87,24 +88,13 @@ def test_scoring_snaps_only_when_asked_and_keeps_what_the_model_wrote():
     assert right.correct and right.snapped_from is None and right.sql == GOLD
 
 
-def _schema(setup_sql: str) -> dict[str, frozenset[str]]:
-    connection = duckdb.connect()
-    connection.execute(setup_sql)
-    columns: dict[str, set[str]] = {}
-    for table, column in connection.execute(
-            "SELECT table_name, column_name FROM duckdb_columns() WHERE schema_name = 'main'"
-    ).fetchall():
-        columns.setdefault(table.lower(), set()).add(column.lower())
-    return {table: frozenset(names) for table, names in columns.items()}
-
-
 def test_no_gold_query_of_the_transfer_split_or_the_corpus_dev_split_is_touched():
     """A repair that rewrote right queries would cost what it claims to win."""
     from sqltasks import load_corpus
 
     tasks = [*load_corpus("transfer"), *load_corpus("dev", corpus="multitable")]
-    schemas: dict[str, dict[str, frozenset[str]]] = {}
+    sandbox = Sandbox()  # the schema scoring snaps onto: `Database.columns`
     for task in tasks:
-        schema = schemas.setdefault(task.setup_sql, _schema(task.setup_sql))
+        schema = sandbox.load(task.setup_sql).columns
         assert snap_to_schema(task.gold_sql, schema) is None, task.gold_sql
     assert len(tasks) > 400

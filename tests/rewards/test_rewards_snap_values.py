@@ -3,10 +3,13 @@ case and spacing, everything else is left as written, and the repair runs only w
 
 from __future__ import annotations
 
-import duckdb
+from functools import partial
+
 import pytest
 
 from rewards import RewardConfig, RewardPool, Task
+from rewards.sandbox import Sandbox
+from rewards.score import Scorer
 from rewards.snap_values import fold, snap_values
 
 SCHEMA = {
@@ -99,31 +102,14 @@ def test_scoring_snaps_values_only_when_asked_and_keeps_what_the_model_wrote():
     assert dates.snapped_from is None  # a DATE column holds no strings to snap onto
 
 
-def _values_of(setup_sql: str):
-    connection = duckdb.connect()
-    connection.execute(setup_sql)
-    schema: dict[str, set[str]] = {}
-    for table, column in connection.execute(
-            "SELECT table_name, column_name FROM duckdb_columns() WHERE schema_name = 'main'"
-    ).fetchall():
-        schema.setdefault(table.lower(), set()).add(column.lower())
-
-    def values(table: str, column: str) -> tuple[str, ...] | None:
-        rows = connection.execute(f'SELECT DISTINCT "{column}" FROM "{table}" '
-                                  f'WHERE "{column}" IS NOT NULL').fetchall()
-        held = tuple(r[0] for r in rows)
-        return held if held and all(isinstance(v, str) for v in held) else None
-
-    return {t: frozenset(c) for t, c in schema.items()}, values
-
-
 def test_no_gold_query_of_the_transfer_split_or_the_corpus_dev_split_is_touched():
     """A repair that rewrote right queries would cost what it claims to win."""
     from sqltasks import load_corpus
 
     tasks = [*load_corpus("transfer"), *load_corpus("dev", corpus="multitable")]
-    databases: dict[str, tuple] = {}
+    scorer = Scorer(Sandbox())  # the lookups scoring makes, in this process
     for task in tasks:
-        schema, values = databases.setdefault(task.setup_sql, _values_of(task.setup_sql))
-        assert snap_values(task.gold_sql, schema, values) is None, task.gold_sql
+        database = scorer.sandbox.load(task.setup_sql)
+        values = partial(scorer.text_values, database)
+        assert snap_values(task.gold_sql, database.columns, values) is None, task.gold_sql
     assert len(tasks) > 400
