@@ -53,3 +53,48 @@ def test_an_fp32_row_gets_the_same_bits_in_any_row_count():
 def test_outside_invariance_linear_is_plain_f_linear():
     x, weight = torch.randn(1, 64).bfloat16(), torch.randn(32, 64).bfloat16()
     assert torch.equal(invariance.linear(x, weight, None), torch.nn.functional.linear(x, weight))
+
+
+@pytest.mark.parametrize("rows", [1, 17, 512, 530, 2048])
+def test_a_tiled_fp32_product_has_the_bits_of_one_gemm_per_tile(rows):
+    """Whichever path the probe chose, every row has the bits of its own `[ROW_TILE, K]`
+    product: the padded GEMMs change the speed, not the numbers."""
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 640, generator=generator)
+    weight_t = torch.randn(640, 2048, generator=generator) * 0.05
+    tiles = -(-rows // invariance.ROW_TILE)
+    padded = torch.zeros(tiles * invariance.ROW_TILE, 640)
+    padded[:rows] = x
+    per_tile = invariance._per_tile(padded, weight_t)[:rows]
+    assert torch.equal(invariance.tiled_matmul(x, weight_t), per_tile)
+
+
+def test_where_the_probe_finds_a_row_order_that_depends_on_its_neighbours_each_tile_is_alone(
+    monkeypatch,
+):
+    """A BLAS whose padded GEMM changes a row's bits gets one GEMM per tile, and the gradient
+    still reaches the weight through every tile."""
+    calls = []
+    monkeypatch.setattr(invariance, "padded_gemm_is_tiled", lambda *key: calls.append(key) or False)
+    real_bmm = torch.bmm
+    bmm_calls = []
+    monkeypatch.setattr(torch, "bmm", lambda *a: bmm_calls.append(1) or real_bmm(*a))
+    x = torch.randn(40, 32)
+    weight_t = torch.randn(32, 24, requires_grad=True)
+    out = invariance.tiled_matmul(x, weight_t)
+    out.sum().backward()
+    assert calls == [(32, 24, torch.float32, x.device, torch.get_num_threads())]
+    assert bmm_calls, "the per-tile products must run"
+    assert torch.allclose(out, x @ weight_t.detach(), atol=1e-5)
+    assert torch.allclose(weight_t.grad, x.sum(0)[:, None].expand(32, 24), atol=1e-4)
+
+
+def test_the_probe_is_measured_once_per_shape_dtype_device_and_thread_count():
+    """Its products cost seconds for the output head's shape, so each key is probed once."""
+    invariance.padded_gemm_is_tiled.cache_clear()
+    key = (64, 48, torch.float32, torch.device("cpu"), torch.get_num_threads())
+    first = invariance.padded_gemm_is_tiled(*key)
+    assert invariance.padded_gemm_is_tiled(*key) is first
+    invariance.padded_gemm_is_tiled(64, 48, torch.float32, torch.device("cpu"), 1)
+    info = invariance.padded_gemm_is_tiled.cache_info()
+    assert (info.hits, info.misses) == (1, 2)
