@@ -280,6 +280,11 @@ def main(argv: list[str] | None = None) -> int:
     # The SDK logs every long-poll that ends in "try again" (normal while a batch runs).
     logging.getLogger("tinker").setLevel(logging.ERROR)
     args = build_parser().parse_args(argv)
+    if not (getattr(args, "server_url", None) or os.environ.get("TINKER_BASE_URL")):
+        # An embedded server may run in this process: its host-memory policy has to come
+        # before any thread allocates, or the engine's thread may map and unmap every large
+        # block (`server.engine.host_memory`).
+        import server.entrypoints  # noqa: F401
     return args.func(args)
 
 

@@ -115,3 +115,52 @@ def test_kept_memory_is_released_only_above_the_budget():
     result = json.loads(out.strip().splitlines()[-1])
     assert result["generous"] is False and result["kept_mib"] >= result["held_mib"] - 8
     assert result["tight"] is True and result["freed_mib"] >= 200
+
+
+THREAD_PROBE = """
+import json, resource, sys, threading
+import numpy as np
+if sys.argv[1] == "late":  # a thread allocates before the policy, as a notebook kernel's do
+    ready, done = threading.Event(), threading.Event()
+    def early():
+        np.ones(1 << 20, np.float32)
+        ready.set()
+        done.wait()
+    threading.Thread(target=early, daemon=True).start()
+    ready.wait()
+import server.entrypoints  # applies the policy on import
+from server.engine.host_memory import allocator_arenas
+result = {}
+def engine_thread():  # an embedded server's engine: a thread started after the policy
+    np.ones(80 << 20, np.float32)  # 320 MiB, over a thread heap's 64 MiB
+    before = resource.getrusage(resource.RUSAGE_THREAD)
+    for _ in range(10):
+        np.ones(80 << 20, np.float32)
+    after = resource.getrusage(resource.RUSAGE_THREAD)
+    result["faults"] = after.ru_minflt - before.ru_minflt
+worker = threading.Thread(target=engine_thread)
+worker.start()
+worker.join()
+print(json.dumps({**result, "arenas": allocator_arenas()}))
+"""
+
+
+def _thread_probe(when: str) -> tuple[dict, str]:
+    done = subprocess.run([sys.executable, "-c", THREAD_PROBE, when], capture_output=True,
+                          text=True, check=True, env={**os.environ,
+                                                      "AUTORESEARCH_KEEP_FREED_MEMORY": "1"})
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the policy is glibc's knobs")
+def test_importing_the_entry_points_first_gives_a_later_engine_thread_the_kept_heap():
+    """An embedded server's engine runs on a thread of its own: with the policy applied on
+    import, before any other thread allocates, that thread shares the one arena and reuses its
+    large blocks; applied after a thread has its own arena, the process says so."""
+    early, quiet = _thread_probe("early")
+    assert early["arenas"] == 1 and early["faults"] < 100, early
+    assert "malloc arenas existed" not in quiet
+    late, warned = _thread_probe("late")
+    assert late["arenas"] > 1
+    assert "2 malloc arenas existed before the engine's memory policy" in warned
+    assert "MALLOC_ARENA_MAX=1" in warned
