@@ -55,8 +55,12 @@ def rows_are_invariant() -> bool:
 GEMM_TILES = 32
 """Tiles per padded GEMM on the fast path (`tiled_matmul`): at most 512 rows in one product,
 as many as the output head scores at once (`scoring.HEAD_CHUNK`)."""
-PROBE_TILES = (1, 2, 3, 5, 9, GEMM_TILES)
-"""Tile counts at which `padded_gemm_is_tiled` compares a padded GEMM with per-tile products."""
+SMALL_WEIGHT = 1 << 22
+"""Weights of at most this many elements (every projection of a layer, a LoRA factor) are
+probed at every tile count, every tile of each product compared."""
+WIDE_PROBE_TILES = (1, 2, 3, 4, 6, 9, GEMM_TILES)
+"""Tile counts probed for a wider weight (an output head: 168 M elements on Gemma 3, where
+probing every count would cost a minute), the first, middle and last tile of each compared."""
 
 
 def _per_tile(padded: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
@@ -73,7 +77,8 @@ def padded_gemm_is_tiled(
     features: int, outputs: int, dtype: torch.dtype, device: torch.device, threads: int
 ) -> bool:
     """Whether this machine's GEMM of `[t * ROW_TILE, features] @ [features, outputs]` gives
-    every row the bits of its own one-tile product, for every probed tile count `t`.
+    every row the bits of its own one-tile product, for every probed tile count `t` (every
+    count up to `GEMM_TILES` for a small weight, `WIDE_PROBE_TILES` for a wide one).
 
     A BLAS computes a row from its K products in an order fixed by its micro-kernel and its K
     blocking; only a partial row group (the reason rows are padded to whole tiles) or a kernel
@@ -90,9 +95,12 @@ def padded_gemm_is_tiled(
     weight_t = block.repeat(1, -(-outputs // block.shape[1]))[:, :outputs]
     x, weight_t = x.to(device=device, dtype=dtype), weight_t.to(device=device, dtype=dtype)
     tile = lambda i: slice(i * ROW_TILE, (i + 1) * ROW_TILE)  # noqa: E731
-    # The first, middle and last tile of each product: where a partial group, a thread's share
-    # or a kernel edge would fall. Their one-tile products are the reference.
-    checked = {t: sorted({0, t // 2, t - 1}) for t in PROBE_TILES}
+    # For a wide weight, the first, middle and last tile of each product: where a partial
+    # group, a thread's share or a kernel edge would fall. One-tile products are the reference.
+    if features * outputs <= SMALL_WEIGHT:
+        checked = {t: range(t) for t in range(1, GEMM_TILES + 1)}
+    else:
+        checked = {t: sorted({0, t // 2, t - 1}) for t in WIDE_PROBE_TILES}
     with torch.no_grad():
         alone = {i: _per_tile(x[tile(i)], weight_t) for i in set().union(*checked.values())}
         for t, tiles in checked.items():
@@ -109,8 +117,8 @@ def tiled_matmul(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     rows came with it or where it sits among them. Where the probe (`padded_gemm_is_tiled`)
     found that a GEMM of up to `GEMM_TILES` whole tiles gives each row its one-tile bits, the
     padded rows run in such GEMMs (the weight is read once per 512 rows, not once per 16: on a
-    2-core Zen 3 in fp32 the output head's product ran 1.8x faster); elsewhere every tile is its
-    own GEMM.
+    2-core Zen 3 in fp32 the transfer recipe's SFT step ran 1.49x faster, `bench_sft_step`);
+    elsewhere every tile is its own GEMM.
     """
     rows, features = x.shape
     tiles = -(-rows // ROW_TILE)
