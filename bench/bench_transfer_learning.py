@@ -24,7 +24,10 @@ SLM-SQL's figures use), beside the greedy answers and the paired difference. `--
 with `--vote`) runs every answer with the table and column names its database lacks snapped
 onto the closest ones it has (`rewards.snap`), beside the greedy queries as written;
 `--snap-values` likewise snaps the strings an answer compares a column with onto the values that
-column holds (`rewards.snap_values`), alone or with `--snap`.
+column holds (`rewards.snap_values`), alone or with `--snap`. `--train-only` trains with
+evaluation off, so that the training is timed alone; `--rescore` with `--vote`, `--snap` or
+`--snap-values` then scores its saved weights on as many tasks of each split as `--dev-tasks`,
+`--test-tasks` and `--transfer-tasks` say.
 """
 
 from __future__ import annotations
@@ -70,7 +73,10 @@ def trial_config(args: argparse.Namespace) -> TrialConfig:
         "eval": {"every": 0, "dev_tasks": 4 if quick else args.dev_tasks,
                  "test_tasks": 4 if quick else args.test_tasks,
                  "transfer_tasks": 6 if quick else args.transfer_tasks,
-                 "max_tokens": args.max_tokens, "baseline": True, "start": True},
+                 "max_tokens": args.max_tokens, "baseline": True, "start": True}
+                if not args.train_only else
+                {"every": 0, "dev_tasks": 0, "test_tasks": 0, "transfer_tasks": 0,
+                 "max_tokens": args.max_tokens, "baseline": False, "start": False},
         "reward": {"weights": dict(args.reward_weight)},
         "checkpoint_every": 5,
     })
@@ -140,7 +146,7 @@ def table(record: TrialRecord) -> tuple[str, dict[str, Any]]:
 def rescore(out: Path, server_config: ServerConfig, vote: int = 0,
             temperature: float = 0.8, stages: tuple[str, ...] = ("sft", "final"),
             splits: tuple[str, ...] = SPLITS, snap: bool = False,
-            snap_values: bool = False) -> str:
+            snap_values: bool = False, tasks: dict[str, int] | None = None) -> str:
     """Score a finished run's saved SFT and final weights again, without training.
 
     Plain (`vote` 0, no `snap`): the transfer rows (and the base model's), greedy, on the
@@ -148,7 +154,8 @@ def rescore(out: Path, server_config: ServerConfig, vote: int = 0,
     scored, each answer chosen by execution-based self-consistency over the greedy query and
     `vote` samples and/or run with its names snapped onto the schema, beside the answers
     without it of the same pass and their paired differences; `stages` and `splits` narrow it
-    (a vote costs about `vote` times the sampling)."""
+    (a vote costs about `vote` times the sampling). A run trained with `--train-only` scored
+    no split; its pass scores `tasks` of each (the counts the run would have scored)."""
     record = TrialRecord(out / "transfer-learning")
     config = TrialConfig.model_validate(yaml.safe_load((record.dir / CONFIG_FILE).read_text()))
     final = record.final()
@@ -157,6 +164,8 @@ def rescore(out: Path, server_config: ServerConfig, vote: int = 0,
     sft = next(c["path"] for c in record.of_type("checkpoint")
                if c["phase"] == "sft" and c["step"] == config.sft.steps)
     decoding = bool(vote or snap or snap_values)
+    counts = {split: getattr(config.eval, f"{split}_tasks") or (tasks or {}).get(split, 0)
+              for split in SPLITS}
     # What a decoding pass varies names its folder: a finished pass is reused, never mixed up.
     name = "-".join([f"vote-{vote}-t{temperature:g}" if vote else "greedy", *splits]
                     + (["snap"] if snap else []) + (["values"] if snap_values else [])
@@ -171,12 +180,12 @@ def rescore(out: Path, server_config: ServerConfig, vote: int = 0,
                 "name": f"{name}-{stage}", "init_checkpoint": path, "sft.steps": 0,
                 "rl.steps": 0, "eval.start": False,
                 "eval.baseline": stage == "sft" and not decoding,
-                "eval.transfer_tasks": config.eval.transfer_tasks if decoding else 100_000,
+                "eval.transfer_tasks": counts["transfer"] if decoding else 100_000,
                 "eval.vote": vote, "eval.vote_temperature": temperature,
                 "eval.snap_names": snap, "eval.snap_values": snap_values}
             for split in ("dev", "test"):
-                if not decoding or split not in splits:
-                    changes[f"eval.{split}_tasks"] = 0
+                changes[f"eval.{split}_tasks"] = (
+                    counts[split] if decoding and split in splits else 0)
             if decoding and "transfer" not in splits:
                 changes["eval.transfer_tasks"] = 0
             run_trial(config.with_changes(changes), out / name / stage, server.url, "tml-bench",
@@ -266,6 +275,9 @@ def main() -> None:
     parser.add_argument("--snap-values", action="store_true",
                         help="likewise: run every answer with the strings it compares a column "
                              "with snapped onto the values that column holds")
+    parser.add_argument("--train-only", action="store_true",
+                        help="train with evaluation off, to time the training alone; score the "
+                             "saved weights afterwards with --rescore and --vote or --snap")
     parser.add_argument("--vote-stages", default="sft,final",
                         help="which saved weights a decoding pass (--vote, --snap) scores: "
                              "sft, final or both")
@@ -282,7 +294,9 @@ def main() -> None:
     narrowing = (_names(args.vote_stages, ("sft", "final")), _names(args.vote_splits, SPLITS))
     if args.rescore:
         text = rescore(out, server_config, args.vote, args.vote_temperature, *narrowing,
-                       snap=args.snap, snap_values=args.snap_values)
+                       snap=args.snap, snap_values=args.snap_values,
+                       tasks={"dev": args.dev_tasks, "test": args.test_tasks,
+                              "transfer": args.transfer_tasks})
         print(f"\nrescored {out} in {time.time() - started:.0f} s; load average "
               f"{os.getloadavg()}\n\n{text}")
         return
@@ -314,7 +328,9 @@ def main() -> None:
     if args.vote or args.snap or args.snap_values:
         again = time.time()
         text = rescore(out, server_config, args.vote, args.vote_temperature, *narrowing,
-                       snap=args.snap, snap_values=args.snap_values)
+                       snap=args.snap, snap_values=args.snap_values,
+                       tasks={"dev": args.dev_tasks, "test": args.test_tasks,
+                              "transfer": args.transfer_tasks})
         print(f"\ndecoding pass (vote of {args.vote + 1}, names snapped: {args.snap}, values "
               f"snapped: {args.snap_values}): "
               f"{time.time() - again:.0f} s\n\n{text}")

@@ -67,3 +67,30 @@ def test_the_recipe_runs_with_an_explicit_model_and_device(sql_model_dir, tmp_pa
         assert f"| transfer | after SFT + RL, {row} |" in narrowed.stdout
     assert "transfer after SFT + RL: vote of 2, names snapped - greedy as written" \
         in narrowed.stdout
+
+
+def test_a_run_trained_alone_is_scored_afterwards_on_the_tasks_asked_for(sql_model_dir, tmp_path):
+    """`--train-only` times the training with no evaluation in it; a decoding pass then scores
+    the saved weights on the task counts given, since the run's own config scored none."""
+    out = tmp_path / "run"
+    common = ["--model", str(sql_model_dir), "--tokenizer", str(sql_model_dir), "--device", "cpu",
+              "--rank", "4", "--max-tokens", "12", "--sample-rows", "1",
+              "--max-schema-chars", "600", "--out", str(out)]
+    script = str(REPO / "bench" / "bench_transfer_learning.py")
+    env = {**os.environ, "TINKER_TELEMETRY": "0", "AUTORESEARCH_API_KEYS": "",
+           "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'datasets'}"}
+    trained = subprocess.run([sys.executable, script, "--quick", "--train-only", *common],
+                             cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    record = TrialRecord(out / "transfer-learning")
+    assert record.of_type("eval") == [] and record.final() is not None
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["eval"]["baseline"] is False and summary["sft_seconds"] >= 0
+    scored = subprocess.run(
+        [sys.executable, script, "--rescore", "--snap", "--vote-stages", "final",
+         "--vote-splits", "transfer", "--transfer-tasks", "5", *common],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    (snapped,) = TrialRecord(out / "greedy-transfer-snap" / "final").of_type("eval")
+    assert snapped["split"] == "transfer" and len(snapped["verdicts"]) == 5
+    assert "| transfer | after SFT + RL, greedy, names snapped |" in scored.stdout
