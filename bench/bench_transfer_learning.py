@@ -56,6 +56,13 @@ STAGES = (("base", "base model"), ("sft", "after SFT"), ("final", "after SFT + R
 
 def trial_config(args: argparse.Namespace) -> TrialConfig:
     quick = args.quick
+    evaluation = {"every": 0, "dev_tasks": 4 if quick else args.dev_tasks,
+                  "test_tasks": 4 if quick else args.test_tasks,
+                  "transfer_tasks": 6 if quick else args.transfer_tasks,
+                  "max_tokens": args.max_tokens, "baseline": True, "start": True}
+    if args.train_only:  # evaluation off: the training timed alone
+        evaluation.update(dev_tasks=0, test_tasks=0, transfer_tasks=0, baseline=False,
+                          start=False)
     return TrialConfig.model_validate({
         "name": "transfer-learning",
         "base_model": args.base_model,
@@ -70,13 +77,7 @@ def trial_config(args: argparse.Namespace) -> TrialConfig:
                "prompts_per_step": 2 if quick else args.prompts,
                "group_size": 2 if quick else args.group, "temperature": 1.0,
                "max_tokens": args.max_tokens, "adam": {"learning_rate": args.rl_lr}},
-        "eval": {"every": 0, "dev_tasks": 4 if quick else args.dev_tasks,
-                 "test_tasks": 4 if quick else args.test_tasks,
-                 "transfer_tasks": 6 if quick else args.transfer_tasks,
-                 "max_tokens": args.max_tokens, "baseline": True, "start": True}
-                if not args.train_only else
-                {"every": 0, "dev_tasks": 0, "test_tasks": 0, "transfer_tasks": 0,
-                 "max_tokens": args.max_tokens, "baseline": False, "start": False},
+        "eval": evaluation,
         "reward": {"weights": dict(args.reward_weight)},
         "checkpoint_every": 5,
     })
@@ -292,11 +293,10 @@ def main() -> None:
     server_config = ServerConfig(port=0, data_dir=out / "server", model=args.model,
                                  device=args.device)
     narrowing = (_names(args.vote_stages, ("sft", "final")), _names(args.vote_splits, SPLITS))
+    tasks = {"dev": args.dev_tasks, "test": args.test_tasks, "transfer": args.transfer_tasks}
     if args.rescore:
         text = rescore(out, server_config, args.vote, args.vote_temperature, *narrowing,
-                       snap=args.snap, snap_values=args.snap_values,
-                       tasks={"dev": args.dev_tasks, "test": args.test_tasks,
-                              "transfer": args.transfer_tasks})
+                       snap=args.snap, snap_values=args.snap_values, tasks=tasks)
         print(f"\nrescored {out} in {time.time() - started:.0f} s; load average "
               f"{os.getloadavg()}\n\n{text}")
         return
@@ -328,9 +328,7 @@ def main() -> None:
     if args.vote or args.snap or args.snap_values:
         again = time.time()
         text = rescore(out, server_config, args.vote, args.vote_temperature, *narrowing,
-                       snap=args.snap, snap_values=args.snap_values,
-                       tasks={"dev": args.dev_tasks, "test": args.test_tasks,
-                              "transfer": args.transfer_tasks})
+                       snap=args.snap, snap_values=args.snap_values, tasks=tasks)
         print(f"\ndecoding pass (vote of {args.vote + 1}, names snapped: {args.snap}, values "
               f"snapped: {args.snap_values}): "
               f"{time.time() - again:.0f} s\n\n{text}")

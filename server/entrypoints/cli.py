@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 
-from server.engine.host_memory import keep_freed_memory
 from server.entrypoints.args import parse_args
 from server.observability.logs import configure as configure_logging
 
@@ -17,7 +16,6 @@ ROLES = ("gateway", "trainer", "sampler")
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    keep_freed_memory()  # before any thread has an allocator arena of its own
     if argv and argv[0] in ROLES:
         from server.entrypoints.roles import main as run_role
 
