@@ -10,3 +10,11 @@ Layers, each a folder that imports only the ones below it (checked by `lint-impo
 
 It may import `rewards`, `sqltasks` and (for an embedded training server) `server`.
 """
+
+from server.engine.host_memory import one_malloc_arena
+
+# An embedded training server may run in this process (the command line, a notebook, a
+# benchmark): its engine thread must share the one malloc arena whose freed memory it keeps, and
+# the imports below this package (numpy, scipy, statsmodels) start threads that would otherwise
+# make a second one (`server.engine.host_memory`).
+one_malloc_arena()

@@ -43,9 +43,6 @@ from typing import Any
 
 import yaml
 
-# The engine's host-memory policy, before statsmodels' imports start threads that would
-# give the embedded server's engine thread a second malloc arena (server.engine.host_memory).
-import server.entrypoints  # noqa: F401  # isort: split
 from autoresearch.evaluation.stats import Estimate, paired_difference, wilson
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.record import CONFIG_FILE, TrialRecord

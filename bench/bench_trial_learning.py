@@ -18,9 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-# The engine's host-memory policy, before statsmodels' imports start threads that would
-# give the embedded server's engine thread a second malloc arena (server.engine.host_memory).
-import server.entrypoints  # noqa: F401  # isort: split
 from autoresearch.evaluation.stats import paired_difference
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.record import TrialRecord

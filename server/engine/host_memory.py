@@ -42,22 +42,47 @@ _state: dict[str, bool] = {}
 _libc: list[ctypes.CDLL] = []
 
 
+def _glibc() -> ctypes.CDLL | None:
+    """The C library when it is glibc and the policy is not switched off, else None."""
+    if _libc:
+        return _libc[0]
+    if os.environ.get(KEEP_FREED_MEMORY_ENV, "1") == "0" or platform.system() != "Linux":
+        return None
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt  # noqa: B018  (glibc's, absent from other C libraries)
+    except (OSError, AttributeError):
+        return None
+    _libc.append(libc)
+    return libc
+
+
+def one_malloc_arena() -> bool:
+    """Cap glibc at the one malloc arena it has, and nothing else; True if capped.
+
+    For a process that may start an embedded server later (`import autoresearch` in a notebook
+    or a script): imports such as statsmodels' start threads that allocate, and each would get
+    an arena of its own, which the engine thread may then be handed. The cap costs only lock
+    waits where threads allocate at once; freed memory still goes back to the kernel as glibc's
+    defaults say until `keep_freed_memory` applies the rest of the policy."""
+    if "one_arena" not in _state:
+        libc = _glibc()
+        _state["one_arena"] = libc is not None and libc.mallopt(_M_ARENA_MAX, 1) == 1
+    return _state["one_arena"]
+
+
 def keep_freed_memory() -> bool:
     """Apply the policy once per process; call it before worker threads allocate. True if the
     policy is in force."""
     if "applied" in _state:
         return _state["applied"]
     _state["applied"] = False
-    if os.environ.get(KEEP_FREED_MEMORY_ENV, "1") == "0" or platform.system() != "Linux":
+    libc = _glibc()
+    if libc is None:
         return False
-    if platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    _libc.append(libc)
+    mallopt = libc.mallopt
     settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER),
                 (_M_TOP_PAD, _TOP_PAD))
     _state["applied"] = all(mallopt(option, value) == 1 for option, value in settings)
@@ -68,7 +93,8 @@ def keep_freed_memory() -> bool:
             "%d malloc arenas existed before the engine's memory policy was applied: a thread "
             "that allocated first keeps an arena of its own, and an engine thread that shares "
             "one maps and unmaps every block over 64 MiB (an SFT step ran 1.3x slower so). "
-            "Import server.entrypoints before other threads start, or set MALLOC_ARENA_MAX=1 "
+            "Import autoresearch or server.entrypoints before other threads start, or set "
+            "MALLOC_ARENA_MAX=1 "
             "in the environment of the process (a notebook kernel's, say)", arenas,
         )
     return _state["applied"]

@@ -119,8 +119,10 @@ def test_kept_memory_is_released_only_above_the_budget():
 
 THREAD_PROBE = """
 import json, resource, sys, threading
+if sys.argv[1] == "package":
+    import autoresearch  # caps glibc at one arena, as a notebook's first import does
 import numpy as np
-if sys.argv[1] == "late":  # a thread allocates before the policy, as a notebook kernel's do
+if sys.argv[1] in ("late", "package"):  # a thread allocates first
     ready, done = threading.Event(), threading.Event()
     def early():
         np.ones(1 << 20, np.float32)
@@ -164,3 +166,13 @@ def test_importing_the_entry_points_first_gives_a_later_engine_thread_the_kept_h
     assert late["arenas"] > 1
     assert "2 malloc arenas existed before the engine's memory policy" in warned
     assert "MALLOC_ARENA_MAX=1" in warned
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the policy is glibc's knobs")
+def test_importing_autoresearch_first_keeps_one_arena_for_a_later_engine_thread():
+    """`import autoresearch` comes before the imports that start threads (statsmodels', in the
+    statistics): a thread that allocates after it gets no arena of its own, so an embedded
+    server's engine thread, started later still, reuses the kept heap without a warning."""
+    result, stderr = _thread_probe("package")
+    assert result["arenas"] == 1 and result["faults"] < 100, result
+    assert "malloc arenas existed" not in stderr
