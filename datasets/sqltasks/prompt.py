@@ -129,12 +129,34 @@ def relevance(question: str, line: str) -> float:
     return 2.0 * len(words & name) + len(words & columns)
 
 
-@lru_cache(maxsize=512)
 def sample_rows(setup_sql: str, table: str, k: int) -> tuple[str, ...]:
     """The first `k` rows of `table`, each rendered as a SQL tuple with short values."""
+    found = _database_samples(setup_sql, k)
+    return found[table] if table in found else table_samples(setup_sql, table, k)
+
+
+@lru_cache(maxsize=512)
+def _database_samples(setup_sql: str, k: int) -> dict[str, tuple[str, ...]]:
+    """Every table's `sample_rows` from one run of the database's setup (read-only: cached).
+
+    A prompt shows rows of several tables of one database; building the database once for all
+    of them, not once per table, is what keeps an SFT step's prompts from costing seconds on a
+    corpus of many databases (`bench/bench_prompts.py`)."""
+    tables = [_table_of(line)[0] for line in schema_lines(setup_sql).splitlines()]
     with duckdb.connect(":memory:") as connection:
         connection.execute(setup_sql)
-        rows = connection.execute(f"SELECT * FROM {quote(table)} LIMIT {int(k)}").fetchall()
+        return {table: _first_rows(connection, table, k) for table in tables if table}
+
+
+def table_samples(setup_sql: str, table: str, k: int) -> tuple[str, ...]:
+    """`sample_rows` of one table from a database built for it alone (uncached)."""
+    with duckdb.connect(":memory:") as connection:
+        connection.execute(setup_sql)
+        return _first_rows(connection, table, k)
+
+
+def _first_rows(connection: duckdb.DuckDBPyConnection, table: str, k: int) -> tuple[str, ...]:
+    rows = connection.execute(f"SELECT * FROM {quote(table)} LIMIT {int(k)}").fetchall()
     return tuple("(" + ", ".join(_short(v) for v in row) + ")" for row in rows)
 
 

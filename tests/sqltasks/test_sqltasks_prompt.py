@@ -2,7 +2,7 @@
 
 from rewards import Task, extract_sql
 from sqltasks import SchemaView, load_corpus, render_prompt, schema_lines, schema_text
-from sqltasks.prompt import relevance
+from sqltasks.prompt import _table_of, relevance, sample_rows, table_samples
 
 SETUP = (
     "CREATE TABLE shops (id INTEGER PRIMARY KEY, name VARCHAR);\n"
@@ -58,6 +58,24 @@ def test_sample_rows_follow_each_table_and_respect_the_cap():
     capped = schema_text(task, SchemaView(sample_rows=1, max_chars=cap))
     assert capped.splitlines() == lines[:3]  # the second table's rows would pass the cap
     assert len(capped) <= cap
+
+
+def test_sample_rows_built_once_per_database_match_each_table_built_alone():
+    """Every table's rows come from one run of its database's setup, and they are the rows a
+    database built for that table alone gives, quoted identifiers and all (corpus and transfer
+    databases alike)."""
+    seen: set[str] = set()
+    train = load_corpus("train", 0, corpus="multitable")
+    tasks = train[:: max(1, len(train) // 8)] + load_corpus("transfer")
+    for task in tasks:
+        if task.setup_sql in seen:
+            continue
+        seen.add(task.setup_sql)
+        for line in schema_lines(task.setup_sql).splitlines():
+            table = _table_of(line)[0]
+            assert sample_rows(task.setup_sql, table, 2) == table_samples(task.setup_sql, table, 2)
+    assert len(seen) >= 8
+    assert sample_rows(SETUP, "shops", 2) == ("(1, 'a;b')", "(2, 'c')")
 
 
 def test_a_long_schema_keeps_the_tables_the_question_names():
