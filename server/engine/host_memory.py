@@ -94,8 +94,8 @@ def keep_freed_memory() -> bool:
             "that allocated first keeps an arena of its own, and an engine thread that shares "
             "one maps and unmaps every block over 64 MiB (an SFT step ran 1.3x slower so). "
             "Import autoresearch or server.entrypoints before other threads start, or set "
-            "MALLOC_ARENA_MAX=1 "
-            "in the environment of the process (a notebook kernel's, say)", arenas,
+            "MALLOC_ARENA_MAX=1 in the environment of the process (a notebook kernel's, say)",
+            arenas,
         )
     return _state["applied"]
 
