@@ -120,6 +120,14 @@ def test_splits_are_disjoint_by_theme_and_cover_every_tier():
     templates = Counter(t.meta["template"] for t in splits["train"])
     for shape in ("junction", "self_join", "join_two_hops", "without_children", "top_per_group"):
         assert templates[shape] > 0, shape
+    # Joins in the shapes real questions take: rows listed with their parent's name, by a
+    # self-reference, counted through a junction, and filtered or grouped two hops away; and
+    # more of them than of any other tier.
+    for shape in ("join_list_parent", "self_join_list", "junction_count", "join_average_per_parent",
+                  "join_two_hops_list", "join_two_hops_count_per"):
+        assert templates[shape] >= 5, shape
+    tiers = Counter(t.tier for t in splits["train"])
+    assert tiers["join"] >= 1.5 * max(n for tier, n in tiers.items() if tier != "join")
     # The forms people ask on real databases: everything counted, minima, date ranges, negated
     # flags, groups by a key's id.
     for shape in ("count_all", "extreme", "extreme_date", "count_month", "count_flag",

@@ -79,15 +79,16 @@ def _value(v: str, rng: random.Random) -> str:
     return _s(v) if rng.random() < 0.5 else v
 
 
-def _projection(t: Table, rng: random.Random) -> tuple[str, str]:
+def _projection(t: Table, rng: random.Random, alias: str = "") -> tuple[str, str]:
     """What a listing question asks for and its SELECT list: usually the rows' names,
     sometimes their ids, or both."""
     show, roll = t.display.field.phrase, rng.random()
+    name, key = _col(alias, t.display), _col(alias, t.key)
     if roll < 0.6:
-        return f"Give their {show}.", quote(t.display.name)
+        return f"Give their {show}.", name
     if roll < 0.8:
-        return "Give their ids.", quote(t.key)
-    return f"Give their ids and {_plural(show)}.", f"{quote(t.key)}, {quote(t.display.name)}"
+        return "Give their ids.", key
+    return f"Give their ids and {_plural(show)}.", f"{key}, {name}"
 
 
 def filters(db: Database, t: Table, rng: random.Random) -> Iterator[Candidate]:
@@ -303,8 +304,10 @@ def windows(db: Database, t: Table, rng: random.Random) -> Iterator[Candidate]:
 
 # --------------------------------------------------------- along foreign keys
 def joins(db: Database, t: Table, rng: random.Random) -> Iterator[Candidate]:
-    """Child `t` joined to each table its keys reference (self-references: a self-join)."""
-    _, plural = _words(t)
+    """Child `t` joined to each table its keys reference (self-references: a self-join): rows
+    listed beside their parent's name, filtered, counted and summed by parent, and the same one
+    hop further, the shapes questions on real schemas take."""
+    singular, plural = _words(t)
     show = t.display
     for ref in t.references:
         parent = db.table(ref.field.arg)
@@ -320,6 +323,10 @@ def joins(db: Database, t: Table, rng: random.Random) -> Iterator[Candidate]:
                                 f"Which {plural} have the {ref.field.phrase} {_s(v)}? Give "
                                 f"their {show.field.phrase}.",
                                 f"SELECT {_col('c', show)} {frm} WHERE {_col('p', show)} = {_s(v)}")
+                yield Candidate("join", "self_join_list",
+                                f"List each {singular} with the {show.field.phrase} of its "
+                                f"{ref.field.phrase}.",
+                                f"SELECT {_col('c', show)}, {_col('p', show)} {frm}")
             continue
         if t.entity.junction:
             yield from _junction(db, t, ref, rng)
@@ -328,11 +335,23 @@ def joins(db: Database, t: Table, rng: random.Random) -> Iterator[Candidate]:
             continue
         if names and _named(t):
             v = rng.choice(names)
-            yield Candidate("join", "join_filter_parent",
-                            f"List the {_plural(show.field.phrase)} of {plural} whose {role} is "
-                            f"{_s(v)}.",
-                            f"SELECT {_col('c', show)} {frm} "
+            ask, listed = _projection(t, rng, "c")
+            question = rng.choice([f"Which {plural} have {_value(v, rng)} as their {role}? {ask}",
+                                   f"List the {plural} of the {role} {_value(v, rng)}. {ask}",
+                                   None])
+            if question is None:
+                question = (f"List the {_plural(show.field.phrase)} of {plural} whose {role} is "
+                            f"{_s(v)}.")
+                listed = _col("c", show)
+            yield Candidate("join", "join_filter_parent", question,
+                            f"SELECT {listed} {frm} "
                             f"WHERE {_col('p', parent.display)} = {_s(v)}")
+            yield Candidate("join", "join_list_parent",
+                            rng.choice([f"List each {singular}'s {show.field.phrase} with the "
+                                        f"{parent.display.field.phrase} of its {role}.",
+                                        f"Give every {singular}'s {show.field.phrase} and its "
+                                        f"{role}'s {parent.display.field.phrase}."]),
+                            f"SELECT {_col('c', show)}, {_col('p', parent.display)} {frm}")
         yield Candidate("join", "join_count_per_parent",
                         f"For each {role} that has {plural}, how many {plural} does it have? "
                         f"Give the {role}'s {parent.display.field.phrase} and the count.",
@@ -345,10 +364,14 @@ def joins(db: Database, t: Table, rng: random.Random) -> Iterator[Candidate]:
                             f"{c.field.phrase} {_s(v)}.",
                             f"SELECT {_col('c', show)} {frm} WHERE {_col('p', c)} = {_s(v)}")
         for n in _kind(t, "money", "int"):
-            yield Candidate("join", "join_sum_per_parent",
-                            f"What is the total {n.field.phrase} of {plural} per {role}? Give "
-                            f"the {role}'s {parent.display.field.phrase} and the total.",
-                            f"SELECT {_col('p', parent.display)}, SUM({_col('c', n)}) {frm} "
+            total = rng.random() < 0.5
+            yield Candidate("join", "join_sum_per_parent" if total else "join_average_per_parent",
+                            f"What is the {'total' if total else 'average'} {n.field.phrase} of "
+                            f"{plural} per {role}? Give the {role}'s "
+                            f"{parent.display.field.phrase} and the "
+                            f"{'total' if total else 'average'}.",
+                            f"SELECT {_col('p', parent.display)}, "
+                            f"{'SUM' if total else 'AVG'}({_col('c', n)}) {frm} "
                             f"GROUP BY p.{quote(parent.key)}, {_col('p', parent.display)}")
         yield Candidate("subquery", "without_children",
                         f"Which {p_plural} have no {plural}? Give their "
@@ -364,12 +387,24 @@ def joins(db: Database, t: Table, rng: random.Random) -> Iterator[Candidate]:
             if not grand_names:
                 continue
             v = rng.choice(grand_names)
+            grand_role = _role(grand_ref, grand)
+            hops = (f"{frm} JOIN {quote(grand.name)} AS g ON "
+                    f"p.{quote(grand_ref.name)} = g.{quote(grand.key)}")
             yield Candidate("join", "join_two_hops",
-                            f"How many {plural} belong to a {role} whose "
-                            f"{_role(grand_ref, grand)} is {_s(v)}?",
-                            f"SELECT COUNT(*) {frm} JOIN {quote(grand.name)} AS g ON "
-                            f"p.{quote(grand_ref.name)} = g.{quote(grand.key)} "
-                            f"WHERE {_col('g', grand.display)} = {_s(v)}")
+                            f"How many {plural} belong to a {role} whose {grand_role} is {_s(v)}?",
+                            f"SELECT COUNT(*) {hops} WHERE {_col('g', grand.display)} = {_s(v)}")
+            if _named(t):
+                yield Candidate("join", "join_two_hops_list",
+                                f"List the {_plural(show.field.phrase)} of {plural} whose "
+                                f"{role}'s {grand_role} is {_s(v)}.",
+                                f"SELECT {_col('c', show)} {hops} "
+                                f"WHERE {_col('g', grand.display)} = {_s(v)}")
+            yield Candidate("join", "join_two_hops_count_per",
+                            f"How many {plural} does each {grand_role} have through its "
+                            f"{_plural(role)}? Give the {grand_role}'s "
+                            f"{grand.display.field.phrase} and the count.",
+                            f"SELECT {_col('g', grand.display)}, COUNT(*) {hops} "
+                            f"GROUP BY g.{quote(grand.key)}, {_col('g', grand.display)}")
 
 
 def _junction(db: Database, j: Table, ref: Column, rng: random.Random) -> Iterator[Candidate]:
@@ -382,7 +417,7 @@ def _junction(db: Database, j: Table, ref: Column, rng: random.Random) -> Iterat
     if not names or a is b or not _named(a):
         return
     _, a_plural = _words(a)
-    j_singular, _ = _words(j)
+    j_singular, j_plural = _words(j)
     v = rng.choice(names)
     yield Candidate("join", "junction",
                     f"List the {_plural(a.display.field.phrase)} of {a_plural} that have a "
@@ -391,6 +426,13 @@ def _junction(db: Database, j: Table, ref: Column, rng: random.Random) -> Iterat
                     f"JOIN {quote(j.name)} AS j ON j.{quote(ref.name)} = a.{quote(a.key)} "
                     f"JOIN {quote(b.name)} AS b ON j.{quote(other.name)} = b.{quote(b.key)} "
                     f"WHERE {_col('b', b.display)} = {_s(v)}")
+    b_role = _role(other, b)
+    yield Candidate("join", "junction_count",
+                    f"How many {j_plural} does each {b_role} appear in? Give the {b_role}'s "
+                    f"{b.display.field.phrase} and the count.",
+                    f"SELECT {_col('b', b.display)}, COUNT(*) FROM {quote(j.name)} AS j "
+                    f"JOIN {quote(b.name)} AS b ON j.{quote(other.name)} = b.{quote(b.key)} "
+                    f"GROUP BY b.{quote(b.key)}, {_col('b', b.display)}")
 
 
 SINGLE_TABLE: tuple[Template, ...] = (filters, aggregates, groups, groups_by_key, subqueries,
