@@ -61,10 +61,15 @@ def block_attention(
     folded = query.reshape(batch, kv_heads, rows, dim)
     pos = positions[:, None, :].expand(batch, group, count).reshape(batch, 1, rows)
     padded = -(-rows // ROW_GROUP) * ROW_GROUP
-    if padded > rows:
-        folded = torch.cat([folded, folded.new_zeros(batch, kv_heads, padded - rows, dim)], 2)
-        pos = torch.cat([pos, pos.new_zeros(batch, 1, padded - rows)], 2)
     last = int(positions.max()) + 1
+    if padded > rows:
+        # Filler rows sit at their row's last query position, so they see keys like a real
+        # query: a filler that saw none would get a softmax of 0/0, and its NaN, though the row
+        # is dropped, would reach the keys' and values' gradients in backward (a chunk that
+        # starts past a sliding window). Rows are independent: the real rows' bits are the same.
+        own_last = positions.amax(dim=1).view(batch, 1, 1).expand(batch, 1, padded - rows)
+        folded = torch.cat([folded, folded.new_zeros(batch, kv_heads, padded - rows, dim)], 2)
+        pos = torch.cat([pos, own_last], 2)
     first = 0 if window is None else max(0, int(positions.min()) - window + 1)
     lo, hi = (first // KEY_BLOCK) * KEY_BLOCK, -(-last // KEY_BLOCK) * KEY_BLOCK
     if key.shape[2] < hi:  # keys end inside the last block: pad it (never visible)

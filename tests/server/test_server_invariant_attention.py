@@ -97,3 +97,21 @@ def test_reading_repeated_columns_gives_the_same_gradient_every_time():
         take_columns(packed, rows, columns).backward(upstream)
         gradients.append(packed.grad.clone())
     assert all(torch.equal(g, gradients[0]) for g in gradients)
+
+
+@pytest.mark.parametrize("count", [1, 3, 5])
+def test_filler_rows_keep_gradients_finite_when_queries_start_past_a_sliding_window(count):
+    """Two query heads per key head and an odd number of queries need filler rows; queries past
+    the window leave the first key blocks out. A filler that saw no key put NaN into the keys'
+    and values' gradients though its output is dropped."""
+    q, k, v = _inputs(3, 2, 2, 1, 300)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    start = 200
+    positions = torch.arange(start, start + count).expand(2, count)
+    out = block_attention(q[:, :, start : start + count], k, v, positions, 7, 0.2)
+    out.square().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    # ... and the real rows are what they were in company without filler
+    full = block_attention(q[:, :, : start + 8].detach(), k.detach(), v.detach(),
+                           torch.arange(start + 8).expand(2, start + 8), 7, 0.2)
+    assert torch.equal(out.detach(), full[:, :, start : start + count])
