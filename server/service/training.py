@@ -150,11 +150,11 @@ class TrainingRequests(RunOrdering):
                 return Work(run.run_id, kind, done, action=reject, owner=owner)
             return Work(run.run_id, kind, done, job=job, tokens=tokens, owner=owner)
 
-        record = self._ordered(owner, run, call.seq_id, kind, make)
-        # The run's state is bound when the job executes, not when it is queued: a load_weights
-        # queued before it must take effect first.
+        # The run's state is resolved when the job executes, not when it is queued (a
+        # load_weights queued before it must take effect first), but the binding must exist
+        # before the job is queued: the scheduler's thread can start it at once.
         job.state = _LazyState(self, run)  # type: ignore[assignment]
-        return record
+        return self._ordered(owner, run, call.seq_id, kind, make)
 
     def optim_step(self, owner: str, body: dict[str, Any]) -> FutureRecord:
         run = self._run(owner, body["model_id"])

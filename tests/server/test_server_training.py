@@ -183,3 +183,24 @@ def test_sampler_snapshot_is_unchanged_by_later_training(service_client, base_mo
     logprobs_new = fresh.compute_logprobs(probe).result()
     diff = np.abs(np.array(logprobs_new[1:]) - np.array(logprobs_k[1:]))
     assert diff.max() > 1e-2
+
+
+def test_a_forward_backward_is_bound_to_its_run_before_the_scheduler_can_start_it(
+    tiny_server, service_client, base_model, sequences, monkeypatch
+):
+    """The scheduler's thread may start work the moment it is queued; a job queued before its
+    run binding was set failed as "'NoneType' object has no attribute 'adapter'" (seen under
+    load)."""
+    scheduler = tiny_server.service.scheduler
+    queued = scheduler.submit_ordered
+    bound: list[bool] = []
+
+    def spy(work):
+        if work.job is not None:
+            bound.append(work.job.state is not None)
+        return queued(work)
+
+    monkeypatch.setattr(scheduler, "submit_ordered", spy)
+    client = new_run(service_client, base_model, seed=5)
+    client.forward_backward([sft_datum(sequences[0])], "cross_entropy").result(timeout=60)
+    assert bound == [True]
