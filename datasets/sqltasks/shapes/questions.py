@@ -364,14 +364,12 @@ def joins(db: Database, t: Table, rng: random.Random) -> Iterator[Candidate]:
                             f"{c.field.phrase} {_s(v)}.",
                             f"SELECT {_col('c', show)} {frm} WHERE {_col('p', c)} = {_s(v)}")
         for n in _kind(t, "money", "int"):
-            total = rng.random() < 0.5
-            yield Candidate("join", "join_sum_per_parent" if total else "join_average_per_parent",
-                            f"What is the {'total' if total else 'average'} {n.field.phrase} of "
-                            f"{plural} per {role}? Give the {role}'s "
-                            f"{parent.display.field.phrase} and the "
-                            f"{'total' if total else 'average'}.",
-                            f"SELECT {_col('p', parent.display)}, "
-                            f"{'SUM' if total else 'AVG'}({_col('c', n)}) {frm} "
+            key, word, fn = (("join_sum_per_parent", "total", "SUM") if rng.random() < 0.5
+                             else ("join_average_per_parent", "average", "AVG"))
+            yield Candidate("join", key,
+                            f"What is the {word} {n.field.phrase} of {plural} per {role}? Give "
+                            f"the {role}'s {parent.display.field.phrase} and the {word}.",
+                            f"SELECT {_col('p', parent.display)}, {fn}({_col('c', n)}) {frm} "
                             f"GROUP BY p.{quote(parent.key)}, {_col('p', parent.display)}")
         yield Candidate("subquery", "without_children",
                         f"Which {p_plural} have no {plural}? Give their "
