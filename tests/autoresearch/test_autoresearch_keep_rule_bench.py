@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from autoresearch.study.decisions import keep_rule_for
 from autoresearch.study.spec import Study
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_keep_rule.py"
@@ -77,11 +78,12 @@ def test_the_arms_study_runs_each_arm_on_its_own_seeds_and_admits_only_them(tmp_
     for changes, _ in proposer.jobs:  # every listed run is inside the declared space
         space.validate(changes)
     # the base config's own values of the changed fields are admitted too (the base arm)
-    assert 3 in study.search_space["rl.steps"].choices
-    assert 0.1 in study.search_space["reward.weights.executes"].choices
-    # both arms fork from the control warm-up, and a short run never waits for a long one
-    assert study.warmup.sft.steps == design["control_warmup"]["sft"]["steps"]
+    assert 0 in study.search_space["sft.steps"].choices
+    # both arms fork from the design's warm-up, a short run never waits for a long one, and a
+    # study that decides nothing reads no test tasks
+    assert study.warmup.sft.steps == design["warmup"]["sft"]["steps"]
     assert study.executor.schedule == "asap"
+    assert study.base_trial.eval.test_tasks == 0
 
 
 def test_the_known_change_study_offers_the_change_and_a_decoy_under_the_default_rule(tmp_path):
@@ -91,7 +93,10 @@ def test_the_known_change_study_offers_the_change_and_a_decoy_under_the_default_
     changes = [c for c, _ in proposer.jobs]
     assert changes[0] == design["known_change"] and changes[1]["seed"] != study.base_trial.seed
     assert study.budget.max_trials == 3 and study.budget.seed_bank == 3
-    assert study.budget.confirm_seeds == 3 and study.budget.max_confirm_trials == 6
+    assert study.budget.confirm_seeds == 5 and study.budget.max_confirm_trials == 10
+    # one confirmation at the study's whole alpha; its test check reads the design's tasks
+    assert keep_rule_for(study.budget).budget.confirmations == 1
+    assert study.base_trial.eval.test_tasks == design["known_test_tasks"]
     for c in changes:
         study.space().validate(c)
 
