@@ -32,7 +32,7 @@ re-proposed under other seeds (see docs/studies.md for what they showed).
 
 Decisions are the studies' own (dev split only); each study reads the test split once.
 
-    python bench/bench_study.py                    # arms and known (about 90 min, 2 quiet cores)
+    python bench/bench_study.py                    # arms and known (110 min, 2 quiet cores)
     python bench/bench_study.py --smoke            # the same pipeline, tiny sizes (minutes)
     python bench/bench_study.py --resume runs/bench-study/<stamp>   # finish an interrupted run
 
@@ -120,10 +120,11 @@ DESIGNS: dict[str, dict[str, Any]] = {
         "known_change": {"sft.steps": 16},
         "known_label": "a longer warm-up: 16 more SFT steps inside the trial, before its RL",
         # The known study's confirmation: 5 fresh seeds a side (with the seed bank's 3 runs, 10
-        # run-to-run df): at a run SD of 3 points it finds +4.6 points about three times in
-        # four, where 3 seeds a side found it one time in seven. Its test check reads 100
-        # tasks for each of its 13 runs (5 of the change, 8 of the base): runs, not tasks,
-        # limit its precision, and 200 would add about 25 minutes.
+        # run-to-run df). Resampled from the real arms, a study of this design keeps the +5.9
+        # points measured on the current corpus 37% of the time, where 3 seeds a side kept +4.6
+        # one time in seven; the first look (one run a side) is the other limit. Its test check
+        # reads 100 tasks for each of its 13 runs (5 of the change, 8 of the base): runs, not
+        # tasks, limit its precision, and by estimate 200 would add about 10 minutes.
         "known_confirm_seeds": 5,
         "known_test_tasks": 100,
     },
