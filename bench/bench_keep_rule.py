@@ -47,6 +47,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "datasets")]
 
 from autoresearch.study.confirmation import (  # noqa: E402
     EvidenceSeeds,
+    QueueSeedBank,
     Rerun,
     Verdict,
     next_decision,
@@ -137,9 +138,11 @@ def new_study(world: World, candidates: int, study: Study, run_level: bool = Tru
     best: dict | None = None
     while (decision := next_decision(trials, best and best["id"], rule, budget,
                                      seeds)) is not None:
-        if isinstance(decision, Rerun):
+        if isinstance(decision, QueueSeedBank):
             trials += [_trial(len(trials) + k, "bank", 0, s, world.run(0, s))
-                       for k, s in enumerate(decision.bank)]
+                       for k, s in enumerate(decision.seeds)]
+            continue
+        if isinstance(decision, Rerun):
             for contender, seed in decision.missing:
                 config = contender["config_index"]
                 trials.append(_trial(len(trials), "confirm", config, seed,

@@ -35,6 +35,8 @@ Decisions are the studies' own (dev split only); each study reads the test split
     python bench/bench_study.py                    # arms and known (110 min, 2 quiet cores)
     python bench/bench_study.py --smoke            # the same pipeline, tiny sizes (minutes)
     python bench/bench_study.py --resume runs/bench-study/<stamp>   # finish an interrupted run
+    python bench/bench_study.py --resume runs/bench-study/<stamp> --redecide --parts arms
+        # the arms' pseudo-studies and keep rate decided again by the current keep rule
 
 Resumable: each study resumes from its journal, the warm-up comes from the cache, and a part
 already summarised is not run again. Results: <run>/summary.json and each study's report.md.
@@ -465,6 +467,9 @@ def main() -> int:
                         help="run every trial, even one an earlier study here already ran")
     parser.add_argument("--resume", type=Path, default=None,
                         help="an interrupted run's directory: its studies resume")
+    parser.add_argument("--redecide", action="store_true",
+                        help="with --resume: decide the finished arms part's pseudo-studies "
+                             "again with the current decision code (same real runs; none run)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
@@ -484,6 +489,13 @@ def main() -> int:
           f"loadavg {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     started = time.time()
     for name in args.parts:
+        if name == "arms" and args.redecide and name in summary["parts"]:
+            done = summary["parts"][name]
+            summary["parts"][name] = summarise_arms(Path(done["directory"]),
+                                                    design["known_change"], done["seconds"],
+                                                    args.pseudo)
+            summary_path.write_text(json.dumps(summary, indent=2))
+            continue
         if name in summary["parts"]:
             print(f"{name}: already done ({summary['parts'][name]['seconds']:.0f} s)")
             continue
@@ -538,14 +550,13 @@ def main() -> int:
               f"{fmt(_est(known['dev_gain']))}; test over runs "
               f"{fmt(_est(runs)) if runs else 'n/a'}")
         summary["known_change_pass"] = verdict == "PASS"
-        if "arms" in parts:
-            study, _ = known_study(design, args.weak, cache, args.seed, args.model)
-            hits, n = keeps_of_real_change(Path(parts["arms"]["directory"]),
-                                           design["known_change"], study, args.pseudo)
-            print(f"(c) how often this study's design keeps the change, resampled from the arms' "
-                  f"real runs: {rate(hits, n)} of {n} pseudo-studies")
-            summary["known_change_kept_rate"] = {"hits": hits, "studies": n,
-                                                 "rate": rate(hits, n)}
+    if "arms" in parts:
+        study, _ = known_study(design, args.weak, cache, args.seed, args.model)
+        hits, n = keeps_of_real_change(Path(parts["arms"]["directory"]),
+                                       design["known_change"], study, args.pseudo)
+        print(f"(c) how often the known study's design keeps the change, resampled from the "
+              f"arms' real runs: {rate(hits, n)} of {n} pseudo-studies")
+        summary["known_change_kept_rate"] = {"hits": hits, "studies": n, "rate": rate(hits, n)}
     if all(k in parts for k in LEGACY):
         pos, null, rnd = (parts[k] for k in LEGACY)
         gain = pos["test_gain"]

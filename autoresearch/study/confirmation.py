@@ -49,14 +49,21 @@ class Wait:
 @dataclass(frozen=True)
 class Rerun:
     """`candidate` was ahead of `incumbent` on the first look: run these (contender, seed)
-    pairs, and the seed bank's runs not made yet, then decide."""
+    pairs, then decide."""
 
     candidate: Trial
     incumbent: Trial
     missing: list[tuple[Trial, int]]
     seeds: list[int]
-    bank: list[int]
-    """Seeds of the base config's seed-bank runs to queue now (the first confirmation)."""
+
+
+@dataclass(frozen=True)
+class QueueSeedBank:
+    """Run the base config on these seeds of the study's seed bank. Queued as soon as the
+    baseline is: the first look of every candidate compares it with the bank's mean, and the
+    pruning margin and the report's power analysis use the bank's run-to-run SD."""
+
+    seeds: list[int]
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,7 @@ class StudyFailed:
     reason: str
 
 
-Decision = Wait | Rerun | Verdict | RetryBaseline | StudyFailed
+Decision = Wait | Rerun | QueueSeedBank | Verdict | RetryBaseline | StudyFailed
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,28 @@ def bank_runs(trials: Sequence[Trial]) -> list[Trial] | Wait:
         return Wait("the seed bank is still running")
     baseline = [t for t in trials if t["role"] == "baseline"]
     return [t for t in baseline + bank if t["status"] != "crashed" and t.get("dev")]
+
+
+def missing_bank_seeds(trials: Sequence[Trial], seeds: EvidenceSeeds) -> list[int]:
+    """Seed-bank seeds with no run in the journal yet (all of them in a new study; some in a
+    study resumed from a journal of a version that queued the bank later)."""
+    banked = {t["seed"] for t in trials if t["role"] == "bank"}
+    return [s for s in seeds.bank if s not in banked]
+
+
+def incumbent_runs(trials: Sequence[Trial], incumbent: Trial) -> list[Trial] | Wait:
+    """The incumbent's runs a first look compares a candidate with: every run of its config
+    that no look selected (the baseline, its seed bank, the confirmation re-runs), so the
+    comparison is with the config's mean rather than with one run's luck, which would otherwise
+    judge every candidate of every study on this base against the same lucky or unlucky run.
+    A kept candidate's own first look is left out (the look that picked it is biased upward):
+    its confirmation re-runs stand for it. `Wait` while the seed bank runs."""
+    runs = [t for t in trials if t["config_key"] == incumbent["config_key"]
+            and t["role"] in ("baseline", "bank", "confirm")]
+    if any(t["role"] == "bank" and t["status"] in ACTIVE for t in runs):
+        return Wait("the seed bank is still running")
+    finished = [t for t in runs if t["status"] in FINISHED and t.get("dev")]
+    return finished or [incumbent]
 
 
 def bank_run_sd(trials: Sequence[Trial]) -> tuple[float, int] | None:
@@ -160,6 +189,12 @@ def next_decision(trials: Sequence[Trial], best_id: str | None, rule: KeepRule,
         return StudyFailed(f"the baseline {baseline['id']} crashed "
                            f"{baseline.get('attempts') or 0} times: every candidate is judged "
                            "against it, so nothing can be decided")
+    # The bank serves decisions: a study that can keep nothing spends nothing on it.
+    if (rule.budget.confirmations and baseline is not None
+            and baseline["status"] not in ("crashed", "stopped")):
+        bank_missing = missing_bank_seeds(trials, seeds)
+        if bank_missing:
+            return QueueSeedBank(bank_missing)
     candidate = next_candidate(trials)
     if candidate is None:
         return None
@@ -173,19 +208,18 @@ def next_decision(trials: Sequence[Trial], best_id: str | None, rule: KeepRule,
                            "the reference, and nothing was compared with the base config")
         return Wait("every candidate is judged against the baseline: waiting for it")
     incumbent = next(t for t in trials if t["id"] == best_id)
-    action, test = rule.first_look(candidate["dev"]["verdicts"], incumbent["dev"]["verdicts"])
+    reference = incumbent_runs(trials, incumbent)
+    if isinstance(reference, Wait):
+        return reference
+    action, test = rule.first_look(candidate["dev"]["verdicts"],
+                                   [t["dev"]["verdicts"] for t in reference])
     if action != "confirm":
         return Verdict(candidate, incumbent, "first look", test, False,
-                       "not ahead enough on the first look to confirm")
+                       f"not ahead enough on the first look to confirm (against the mean of "
+                       f"{len(reference)} run(s) of {incumbent['id']}'s config)")
     runs = replicates(candidate, incumbent, trials, budget, seeds.confirm)
-    banked = {t["seed"] for t in trials if t["role"] == "bank"}
-    bank_missing = [s for s in seeds.bank if s not in banked]
-    if isinstance(runs, Rerun):
-        return Rerun(runs.candidate, runs.incumbent, runs.missing, runs.seeds, bank_missing)
-    if isinstance(runs, Wait):
+    if isinstance(runs, Rerun | Wait):
         return runs
-    if bank_missing and runs != "no budget":
-        return Rerun(candidate, incumbent, [], seeds.confirm, bank_missing)
     bank = bank_runs(trials)
     if isinstance(bank, Wait):
         return bank
@@ -233,7 +267,7 @@ def replicates(candidate: Trial, incumbent: Trial, trials: Sequence[Trial], budg
         spent = sum(1 for t in trials if t["role"] == "confirm")
         if spent + len(missing) > budget.max_confirm_trials:
             return "no budget"
-        return Rerun(candidate, incumbent, missing, seeds, [])
+        return Rerun(candidate, incumbent, missing, seeds)
     if any(t["status"] in ACTIVE for t in found.values()):
         return Wait("confirmation re-runs are still running")
     candidate_runs: list[Verdicts] = []

@@ -54,7 +54,8 @@ def decision_text(decision: Mapping[str, Any]) -> str:
         text = (f"discarded: the fresh re-runs did not confirm it better than {against} "
                 f"beyond noise{pooled}")
     elif rule == "first look":
-        text = f"discarded: not ahead of {against} enough on the first look to confirm it"
+        mean = f"the mean of {seeds} runs of {against}'s config" if seeds > 1 else against
+        text = f"discarded: not ahead of {mean} enough on the first look to confirm it"
     else:
         text = f"discarded: not better than {against} beyond noise{pooled}"
     if evidence:

@@ -4,10 +4,15 @@ budget for the whole study.
 Trials of a study are scored on the same fixed dev tasks, so a candidate is compared pairwise
 with the incumbent (the best so far): per task, right or wrong (`stats.paired_exact_test`).
 
-    first look    one seed each. It only selects: a candidate that is ahead with a one-sided
-                  exact McNemar p at most `select_p` is sent to confirmation; every other one
-                  is discarded. Nothing is ever kept on the first look: the look that picked a
-                  candidate out of many is biased upward (the winner's curse).
+    first look    the candidate's one run against the incumbent's runs: the baseline's run and
+                  its seed bank (queued with the baseline), or a kept config's confirmation
+                  re-runs, each task's outcome averaged over them. Against the mean of several
+                  runs, the luck of one baseline run (the same run for every study on this
+                  base) does not decide which candidates go on. It only selects: a candidate
+                  that is ahead with a one-sided exact p at most `select_p` (sign-flip test
+                  over tasks; McNemar's with one incumbent run) is sent to confirmation; every
+                  other one is discarded. Nothing is ever kept on the first look: the look
+                  that picked a candidate out of many is biased upward (the winner's curse).
     confirmation  both contenders are re-run with fresh seeds (never the first look's). Each
                   task's outcome is averaged over those seeds, and the candidate is kept when
                   the exact one-sided sign-flip test of the per-task differences (for one seed,
@@ -35,7 +40,6 @@ from typing import Literal, Protocol
 from autoresearch.evaluation.stats import (
     PairedTest,
     RunTest,
-    mcnemar_exact,
     paired_exact_test,
     pooled_run_test,
 )
@@ -91,19 +95,20 @@ class KeepRule:
     budget: ErrorBudget = ErrorBudget()
     select_p: float = 0.2
     """A first look sends a candidate to confirmation when it is ahead with one-sided exact
-    McNemar p at most this (0.5: ahead at all). Selecting harder spends the confirmation budget
+    p at most this (0.5: ahead at all). Selecting harder spends the confirmation budget
     on likelier winners (measured by bench/bench_keep_rule.py); it costs no error budget."""
     run_level: bool = True
     """Also require the run-level test at a confirmation. False leaves the task-level test
     alone: the rule before runs were the unit, kept so `bench_keep_rule.py` can measure what
     it let through."""
 
-    def first_look(self, candidate: Verdicts, incumbent: Verdicts) -> tuple[Action, PairedTest]:
-        """One seed each: "confirm" (promising) or "discard". Never "keep"."""
-        test = paired_exact_test(candidate, incumbent)
-        promising = test.wins > test.losses and (
-            self.select_p >= 0.5
-            or mcnemar_exact(int(test.wins), int(test.losses), "greater") <= self.select_p)
+    def first_look(self, candidate: Verdicts, incumbent: Verdicts | Sequence[Verdicts]
+                   ) -> tuple[Action, PairedTest]:
+        """The candidate's one run against the incumbent's runs (per task, their mean):
+        "confirm" (promising) or "discard". Never "keep"."""
+        test = paired_exact_test(candidate, incumbent, interval="t")
+        promising = test.difference.value > 0 and (
+            self.select_p >= 0.5 or test.p_value <= self.select_p)
         return ("confirm" if promising else "discard"), test
 
     def confirm(self, candidate_runs: Sequence[Verdicts], incumbent_runs: Sequence[Verdicts],
@@ -128,9 +133,10 @@ class KeepRule:
 
     def describe(self) -> str:
         return (
-            "The first look (one seed each, paired per dev task) only selects: a candidate "
-            f"ahead of the best (one-sided exact McNemar p <= {self.select_p:g}) is re-run, with "
-            "the best, on fresh seeds. It is kept only if "
+            "The first look (the candidate's one run against the best's runs: the baseline "
+            "and its seed bank, or a kept config's re-runs; paired per dev task) only selects: "
+            f"a candidate ahead of the best's mean (one-sided exact sign-flip p <= "
+            f"{self.select_p:g}) is re-run, with the best, on fresh seeds. It is kept only if "
             "those re-runs alone favour it at the per-confirmation alpha both per task "
             "(per-task outcomes averaged over seeds; exact one-sided McNemar / sign-flip test) "
             "and per run (each run's accuracy one observation; one-sided t with the "

@@ -11,6 +11,7 @@ from typing import Any
 
 from autoresearch.rl.config import TrialConfig
 from autoresearch.study.confirmation import (
+    QueueSeedBank,
     Rerun,
     RetryBaseline,
     StudyFailed,
@@ -63,6 +64,9 @@ class KeepRuleJournal:
                 self.journal.event("trial", "the baseline crashed; running it again (every "
                                    "candidate is judged against it)", baseline["id"])
                 return
+            if isinstance(decision, QueueSeedBank):
+                self._queue_seed_bank(decision.seeds)
+                continue
             if isinstance(decision, Rerun):
                 self._queue_reruns(decision)
                 return
@@ -70,13 +74,11 @@ class KeepRuleJournal:
             self._record(decision.candidate, decision.incumbent, decision.rule, decision.test,
                          verdict, decision.note, decision.runs)
 
-    def _queue_seed_bank(self, seeds: list[int], number: int) -> int:
+    def _queue_seed_bank(self, seeds: list[int]) -> None:
         """Journal the seed bank: the base config on seeds of its own; with the baseline's run,
-        its spread is the run-to-run noise every confirmation is judged against. Queued with
-        the first confirmation (a study that confirms nothing spends nothing on it). Returns
-        the next trial number."""
-        if not seeds:
-            return number
+        its mean is what first looks compare with, and its spread the run-to-run noise every
+        confirmation is judged against. Queued with the baseline."""
+        number = self.journal.next_number()
         baseline = next(t for t in self.journal.trials() if t["role"] == "baseline")
         base = self._base()
         rows = []
@@ -90,14 +92,11 @@ class KeepRuleJournal:
         self.journal.event("seed bank", f"the base config on {len(seeds)} more seeds {seeds} "
                            f"(with {baseline['id']}: {len(seeds) + 1} runs) measures run-to-run "
                            "noise", baseline["id"], seeds=seeds, queued=[r["id"] for r in rows])
-        return number
 
     def _queue_reruns(self, rerun: Rerun) -> None:
         """Journal the confirmation re-runs a first look asked for; the loop starts them."""
         candidate, incumbent = rerun.candidate, rerun.incumbent
-        number = self._queue_seed_bank(rerun.bank, self.journal.next_number())
-        if not rerun.missing:
-            return
+        number = self.journal.next_number()
         rows = []
         best_config = TrialConfig.model_validate(incumbent["config"])
         for contender, seed in rerun.missing:

@@ -154,9 +154,10 @@ def _seed_bank_blocks(trials: list[dict[str, Any]], budget: dict[str, Any]) -> l
                      f"of about {gain:.3f} with 80% power (from the bank alone; the re-runs add "
                      "degrees of freedom); smaller gains are mostly missed.")
     return [Block("h2", "Run-to-run noise (seed bank)"), Block("p", (
-        f"The base config on {len(bank)} seeds scored {runs} on dev: {spread}. A confirmation "
-        "keeps a change only if it is ahead both per task and per run, with runs as the unit "
-        "and this spread pooled with the re-runs' own." + power))]
+        f"The base config on {len(bank)} seeds scored {runs} on dev: {spread}. A first look "
+        "compares a candidate with the mean of these runs, not with one of them. A "
+        "confirmation keeps a change only if it is ahead both per task and per run, with runs "
+        "as the unit and this spread pooled with the re-runs' own." + power))]
 
 
 def build(journal: Journal) -> list[Block]:

@@ -362,8 +362,11 @@ class StudyRunner:
                         pending[self._dispatch(row, executor_for(row), threads)] = row["id"]
                 free = parallel - len(pending)
                 if free > 0:
-                    for row in self._new_trials(free):
+                    new = self._new_trials(free)
+                    for row in new:
                         pending[self._dispatch(row, executor_for(row), threads)] = row["id"]
+                    if any(row["role"] == "baseline" for row in new):
+                        self.keeping.decide()  # queues the seed bank, the baseline's company
                 if not pending:
                     break
                 # Rounds: the next decisions wait for the whole round, so they never depend

@@ -46,10 +46,11 @@ class Budget(_Strict):
     """Trials the study may spend on such re-runs, over and above `max_trials`."""
     seed_bank: int = Field(3, ge=0, le=64)
     """Runs of the base config that measure run-to-run noise, the baseline's own run included:
-    `seed_bank - 1` extra runs on seeds drawn from the study's seed, queued with the first
-    confirmation, over and above the other budgets. Their spread enters every confirmation's
-    run-level test (and the report); 0 or 1 means no bank, and the run-to-run variance comes
-    from the confirmation re-runs alone."""
+    `seed_bank - 1` extra runs on seeds drawn from the study's seed, queued with the baseline,
+    over and above the other budgets. Every first look against the base config compares with
+    their mean, their spread enters every confirmation's run-level test, the pruning margin and
+    the report's power analysis; 0 or 1 means no bank: first looks compare with the baseline's
+    one run, and the run-to-run variance comes from the confirmation re-runs alone."""
     alpha: float = Field(0.05, gt=0, lt=0.5)
     """The study's error budget: the chance that it keeps any change that is no better, split
     over the confirmations it can run (`decisions.ErrorBudget`)."""

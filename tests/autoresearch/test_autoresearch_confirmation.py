@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from autoresearch.study.confirmation import (
     EvidenceSeeds,
+    QueueSeedBank,
     Rerun,
     RetryBaseline,
     StudyFailed,
@@ -131,3 +132,47 @@ def test_evidence_seeds_come_from_the_study_seed_and_avoid_the_first_looks():
     assert one == again and one != other
     assert len(one.bank) == 2 and len(one.confirm) == 2
     assert len({*one.bank, *one.confirm, 0}) == 5
+
+
+def test_the_seed_bank_is_queued_with_the_baseline_when_the_study_can_confirm():
+    budget = Budget(max_trials=4, confirm_seeds=2, max_confirm_trials=4, seed_bank=3)
+    seeds = EvidenceSeeds(bank=[5, 6], confirm=[1, 2])
+    queued = [trial(0, "baseline", "a", 0, status="queued")]
+    decision = next_decision(queued, None, keep_rule_for(budget), budget, seeds)
+    assert isinstance(decision, QueueSeedBank) and decision.seeds == [5, 6]
+    # one bank run journaled already (a resumed study): only the other is asked for
+    decision = next_decision(queued + [trial(1, "bank", "a", 0, seed=5, status="queued")],
+                             None, keep_rule_for(budget), budget, seeds)
+    assert isinstance(decision, QueueSeedBank) and decision.seeds == [6]
+    # a study that can keep nothing spends nothing on a bank
+    none = Budget(max_trials=4, confirm_seeds=2, max_confirm_trials=0, seed_bank=3)
+    assert next_decision(queued, None, keep_rule_for(none), none, seeds) is None
+
+
+def test_the_first_look_compares_with_the_seed_banks_mean_not_one_lucky_baseline_run():
+    budget = Budget(max_trials=4, confirm_seeds=2, max_confirm_trials=4, seed_bank=3)
+    rule, seeds = keep_rule_for(budget), EvidenceSeeds(bank=[5, 6], confirm=[1, 2])
+    base, cand = trial(0, "baseline", "a", 30), trial(3, "explore", "b", 28)
+    base["decision"] = {"verdict": "kept"}
+    bank = [trial(1, "bank", "a", 12, seed=5, status="running"), trial(2, "bank", "a", 12, seed=6)]
+    assert isinstance(next_decision([base, *bank, cand], "t0000", rule, budget, seeds), Wait)
+    # Against the lucky baseline run alone (30 right) the candidate (28) is behind; against the
+    # mean of the base config's three runs (18) it is well ahead, so it goes on to confirm.
+    bank[0] = trial(1, "bank", "a", 12, seed=5)
+    decision = next_decision([base, *bank, cand], "t0000", rule, budget, seeds)
+    assert isinstance(decision, Rerun) and decision.candidate["id"] == "t0003"
+    alone = next_decision([base, cand], "t0000", RULE, BUDGET, SEEDS)  # no bank: one run
+    assert isinstance(alone, Verdict) and alone.rule == "first look" and not alone.kept
+    assert "1 run(s) of t0000's config" in alone.note
+
+
+def test_a_kept_configs_first_look_is_not_what_later_candidates_are_judged_against():
+    kept = trial(1, "explore", "b", 50)
+    kept["decision"] = {"verdict": "kept"}
+    reruns = [trial(2, "confirm", "b", 20, seed=1), trial(3, "confirm", "b", 22, seed=2)]
+    later = trial(4, "explore", "c", 30)
+    decision = next_decision([trial(0, "baseline", "a", 10) | {"decision": {}}, kept, *reruns,
+                              later], "t0001", RULE, BUDGET, SEEDS)
+    # 30 right is behind the selecting look (50) but ahead of the kept config's fresh re-runs
+    # (21 on average): the look that picked it is biased upward and is left out.
+    assert isinstance(decision, Rerun) and decision.incumbent["id"] == "t0001"

@@ -13,6 +13,7 @@ from autoresearch.evaluation.stats import (
     newcombe_paired,
     paired_difference,
     paired_exact_test,
+    paired_t,
     seed_means,
     sign_flip_p,
     wilson,
@@ -133,3 +134,23 @@ def test_exact_test_holds_its_level_under_no_difference():
         b = {f"t{i}": rng.random() < q for i, q in enumerate(p)}
         rejections += paired_exact_test(a, b).p_value <= 0.05
     assert rejections / 800 <= 0.05
+
+
+def test_the_paired_t_interval_matches_scipy_and_a_one_run_look_keeps_newcombe():
+    from scipy import stats as scipy_stats
+
+    d = [1.0, -1 / 3, 0.0, 2 / 3, -1 / 3, 0.0, 1.0, 0.0]
+    est = paired_t(d)
+    low, high = scipy_stats.t.interval(0.95, len(d) - 1, loc=np.mean(d), scale=scipy_stats.sem(d))
+    assert (est.low, est.high) == (pytest.approx(low), pytest.approx(high))
+    tasks = [f"t{i}" for i in range(8)]
+    one = {t: i % 2 == 0 for i, t in enumerate(tasks)}
+    other = {t: i % 3 == 0 for i, t in enumerate(tasks)}
+    # one run a side: the t option changes nothing (Newcombe's interval, exact McNemar)
+    assert paired_exact_test(one, other, interval="t") == paired_exact_test(one, other)
+    # one run against three: the same exact p, a t interval in place of the bootstrap
+    quick = paired_exact_test(one, [other, one, other], interval="t")
+    slow = paired_exact_test(one, [other, one, other])
+    assert quick.p_value == slow.p_value and quick.difference.value == slow.difference.value
+    assert quick.difference.low == pytest.approx(paired_t(
+        [float(one[t]) - (2 * other[t] + one[t]) / 3 for t in tasks]).low)

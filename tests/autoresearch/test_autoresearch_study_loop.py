@@ -76,18 +76,21 @@ def test_a_promising_candidate_is_re_run_with_new_seeds_before_it_is_kept(tmp_pa
     outcome = run_study(study, tmp_path, executor=executor)
     journal = Journal(tmp_path, read_only=True)
     trials = {t["id"]: t for t in journal.trials()}
+    # The seed bank is queued with the baseline, before the first proposal.
+    assert [t["role"] for t in trials.values()][:4] == ["baseline", "bank", "bank", "explore"]
+    candidate = next(t["id"] for t in trials.values() if t["role"] == "explore")
     confirms = [t for t in trials.values() if t["role"] == "confirm"]
     seeds = evidence_seeds(study.seed, 1, study.budget)  # the study's own fresh seeds
     assert sorted((t["replicate_of"], t["seed"]) for t in confirms) == sorted(
-        (trial, seed) for trial in ("t0001", "t0002") for seed in seeds.confirm)
+        (trial, seed) for trial in ("t0001", candidate) for seed in seeds.confirm)
     bank = [t for t in trials.values() if t["role"] == "bank"]
-    assert sorted(t["seed"] for t in bank) == sorted(seeds.bank)  # queued with the first one
+    assert sorted(t["seed"] for t in bank) == sorted(seeds.bank)
     decision = journal.decisions()[-1]
     # Decided on the fresh seeds alone: tasks stay tasks, seeds are averaged per task.
-    assert decision["candidate"] == "t0002" and decision["rule"] == "confirmation"
+    assert decision["candidate"] == candidate and decision["rule"] == "confirmation"
     assert decision["seeds"] == 2 and decision["n"] == 64
     assert decision["p_value"] <= decision["alpha"] == 0.05  # one confirmation fits the budget
-    assert outcome.best["id"] == "t0002" and trials["t0002"]["status"] == "kept"
+    assert outcome.best["id"] == candidate and trials[candidate]["status"] == "kept"
     # 2 trials, 4 re-runs, 2 seed-bank runs, and the test split read for each arm's runs: the
     # kept config's 2 re-runs, the base config's baseline, 2 re-runs and 2 bank runs
     assert len(executor.calls) == len(set(executor.calls)) == 2 + 4 + 2 + (2 + 5)
