@@ -125,9 +125,9 @@ DESIGNS: dict[str, dict[str, Any]] = {
         # run-to-run df). Resampled from the real arms, a study of this design keeps the +5.9
         # points measured on the current corpus 45% of the time (37% when first looks compared
         # with the baseline's one run), where 3 seeds a side kept +4.6 one time in seven; the
-        # candidate's one first-look run is the other limit. Its test check
-        # reads 100 tasks for each of its 13 runs (5 of the change, 8 of the base): runs, not
-        # tasks, limit its precision, and by estimate 200 would add about 10 minutes.
+        # candidate's one first-look run is the other limit. Its test check reads 100 tasks for
+        # each of its 13 runs (5 of the change, 8 of the base): runs, not tasks, limit its
+        # precision, and by estimate 200 would add about 10 minutes.
         "known_confirm_seeds": 5,
         "known_test_tasks": 100,
     },

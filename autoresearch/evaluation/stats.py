@@ -228,9 +228,10 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], alpha: float = 0.05
 def paired_t(differences: Sequence[float], alpha: float = 0.05) -> Estimate:
     """Mean of paired differences with Student's t interval over them (clipped to [-1, 1])."""
     d = np.asarray(differences, dtype=float)
-    n, mean = len(d), float(d.mean()) if len(d) else 0.0
+    n = len(d)
     if n < 2:
-        return Estimate(mean, -1.0, 1.0, n)
+        return Estimate(float(d.mean()) if n else 0.0, -1.0, 1.0, n)
+    mean = float(d.mean())
     half = float(student_t.ppf(1 - alpha / 2, n - 1)) * float(d.std(ddof=1)) / math.sqrt(n)
     return Estimate(mean, max(-1.0, mean - half), min(1.0, mean + half), n)
 
