@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -122,6 +122,14 @@ def evidence_seeds(study_seed: int, base_seed: int, budget: Budget) -> EvidenceS
     return EvidenceSeeds(drawn[:banked], drawn[banked:])
 
 
+def config_runs(trials: Sequence[Trial], config_key: str, roles: tuple[str, ...],
+                usable: Callable[[Trial], bool]) -> list[Trial]:
+    """One config's runs in `roles` that `usable` accepts, in journal order: the runs a first
+    look, a confirmation or the test check treats as that config's replicates."""
+    return [t for t in trials
+            if t["config_key"] == config_key and t["role"] in roles and usable(t)]
+
+
 def bank_runs(trials: Sequence[Trial]) -> list[Trial] | Wait:
     """The base config's runs that measure run-to-run noise: the baseline's first look and its
     seed-bank runs that finished (crashed ones drop out); `Wait` while any of them runs."""
@@ -146,12 +154,11 @@ def incumbent_runs(trials: Sequence[Trial], incumbent: Trial) -> list[Trial] | W
     judge every candidate of every study on this base against the same lucky or unlucky run.
     A kept candidate's own first look is left out (the look that picked it is biased upward):
     its confirmation re-runs stand for it. `Wait` while the seed bank runs."""
-    runs = [t for t in trials if t["config_key"] == incumbent["config_key"]
-            and t["role"] in ("baseline", "bank", "confirm")]
-    if any(t["role"] == "bank" and t["status"] in ACTIVE for t in runs):
+    roles = ("baseline", "bank", "confirm")
+    if config_runs(trials, incumbent["config_key"], ("bank",), lambda t: t["status"] in ACTIVE):
         return Wait("the seed bank is still running")
-    finished = [t for t in runs if t["status"] in FINISHED and t.get("dev")]
-    return finished or [incumbent]
+    return config_runs(trials, incumbent["config_key"], roles,
+                       lambda t: t["status"] in FINISHED and bool(t.get("dev"))) or [incumbent]
 
 
 def bank_run_sd(trials: Sequence[Trial]) -> tuple[float, int] | None:
@@ -293,15 +300,10 @@ def test_arms(trials: Sequence[Trial], best_id: str) -> tuple[list[Trial], list[
     def finished(t: Trial) -> bool:
         return t["status"] in FINISHED and bool(t.get("checkpoint"))
 
-    def runs_of(key: str, roles: tuple[str, ...]) -> list[Trial]:
-        return [t for t in trials if t["config_key"] == key and t["role"] in roles
-                and finished(t)]
-
     if baseline is None or best_id == baseline["id"]:
         return [best], []
-    kept = runs_of(best["config_key"], ("confirm",)) or [best]
-    base = [t for t in [baseline] if finished(t)] + runs_of(baseline["config_key"],
-                                                             ("bank", "confirm"))
+    kept = config_runs(trials, best["config_key"], ("confirm",), finished) or [best]
+    base = config_runs(trials, baseline["config_key"], ("baseline", "bank", "confirm"), finished)
     return kept, base
 
 
