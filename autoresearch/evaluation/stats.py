@@ -229,9 +229,9 @@ def paired_t(differences: Sequence[float], alpha: float = 0.05) -> Estimate:
     """Mean of paired differences with Student's t interval over them (clipped to [-1, 1])."""
     d = np.asarray(differences, dtype=float)
     n = len(d)
+    mean = float(d.mean()) if n else 0.0
     if n < 2:
-        return Estimate(float(d.mean()) if n else 0.0, -1.0, 1.0, n)
-    mean = float(d.mean())
+        return Estimate(mean, -1.0, 1.0, n)
     half = float(student_t.ppf(1 - alpha / 2, n - 1)) * float(d.std(ddof=1)) / math.sqrt(n)
     return Estimate(mean, max(-1.0, mean - half), min(1.0, mean + half), n)
 
