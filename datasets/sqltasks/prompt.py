@@ -22,6 +22,7 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from rewards import Task
+from sqltasks import scratch
 from sqltasks.shapes.naming import quote
 
 Style = Literal["base", "chat"]
@@ -141,17 +142,16 @@ def _database_samples(setup_sql: str, k: int) -> dict[str, tuple[str, ...]]:
 
     A prompt shows rows of several tables of one database; building the database once for all
     of them, not once per table, is what keeps an SFT step's prompts from costing seconds on a
-    corpus of many databases (`bench/bench_prompts.py`)."""
+    corpus of many databases (`bench/bench_prompts.py`). Built in the process's scratch
+    database (`scratch.built`), never a database opened for it: see there why."""
     tables = [_table_of(line)[0] for line in schema_lines(setup_sql).splitlines()]
-    with duckdb.connect(":memory:") as connection:
-        connection.execute(setup_sql)
+    with scratch.built(setup_sql) as connection:
         return {table: _first_rows(connection, table, k) for table in tables if table}
 
 
 def table_samples(setup_sql: str, table: str, k: int) -> tuple[str, ...]:
     """`sample_rows` of one table from a database built for it alone (uncached)."""
-    with duckdb.connect(":memory:") as connection:
-        connection.execute(setup_sql)
+    with scratch.built(setup_sql) as connection:
         return _first_rows(connection, table, k)
 
 

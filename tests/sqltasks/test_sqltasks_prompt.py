@@ -1,8 +1,10 @@
 """Prompts are compact, dialect-explicit, and a base model's continuation extracts cleanly."""
 
+import duckdb
+
 from rewards import Task, extract_sql
 from sqltasks import SchemaView, load_corpus, render_prompt, schema_lines, schema_text
-from sqltasks.prompt import _table_of, relevance, sample_rows, table_samples
+from sqltasks.prompt import _first_rows, _table_of, relevance, sample_rows, table_samples
 
 SETUP = (
     "CREATE TABLE shops (id INTEGER PRIMARY KEY, name VARCHAR);\n"
@@ -61,9 +63,9 @@ def test_sample_rows_follow_each_table_and_respect_the_cap():
 
 
 def test_sample_rows_built_once_per_database_match_each_table_built_alone():
-    """Every table's rows come from one run of its database's setup, and they are the rows a
-    database built for that table alone gives, quoted identifiers and all (corpus and transfer
-    databases alike)."""
+    """Every table's rows come from one run of its database's setup in the shared scratch
+    database, and they are the rows a database of its own, opened for that table alone, gives,
+    quoted identifiers and all (corpus and transfer databases alike)."""
     seen: set[str] = set()
     train = load_corpus("train", 0, corpus="multitable")
     tasks = train[:: max(1, len(train) // 8)] + load_corpus("transfer")
@@ -71,9 +73,13 @@ def test_sample_rows_built_once_per_database_match_each_table_built_alone():
         if task.setup_sql in seen:
             continue
         seen.add(task.setup_sql)
-        for line in schema_lines(task.setup_sql).splitlines():
-            table = _table_of(line)[0]
-            assert sample_rows(task.setup_sql, table, 2) == table_samples(task.setup_sql, table, 2)
+        with duckdb.connect(":memory:") as alone:
+            alone.execute(task.setup_sql)
+            for line in schema_lines(task.setup_sql).splitlines():
+                table = _table_of(line)[0]
+                rows = sample_rows(task.setup_sql, table, 2)
+                assert rows == table_samples(task.setup_sql, table, 2)
+                assert rows == _first_rows(alone, table, 2)
     assert len(seen) >= 8
     assert sample_rows(SETUP, "shops", 2) == ("(1, 'a;b')", "(2, 'c')")
 
