@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import threading
 from collections.abc import Iterator
 
@@ -24,6 +25,22 @@ import duckdb
 _lock = threading.RLock()
 _database: list[duckdb.DuckDBPyConnection] = []
 _names = itertools.count()
+
+
+_inherited: list[duckdb.DuckDBPyConnection] = []
+
+
+def _forget_after_fork() -> None:
+    """A forked child opens a database of its own and a new lock: DuckDB's threads and a lock
+    another thread held did not come along. The parent's connection is kept, never used nor
+    closed (closing it would run DuckDB's teardown in a process that lacks its state)."""
+    global _lock
+    _lock = threading.RLock()
+    _inherited.extend(_database)
+    _database.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 @contextlib.contextmanager

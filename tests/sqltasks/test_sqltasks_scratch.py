@@ -1,6 +1,7 @@
 """The scratch database builds a task's database in a schema of its own and leaves nothing
 behind, and building prompts beside the engine keeps the heap memory the engine keeps warm."""
 
+import os
 import time
 
 import duckdb
@@ -57,3 +58,22 @@ def test_building_sample_rows_leaves_freed_heap_memory_in_place():
         assert _database_samples.__wrapped__(setup, 2)
     time.sleep(1.5)
     assert resident - resident_bytes() < 64 << 20
+
+
+def test_a_forked_child_builds_in_a_database_of_its_own():
+    with scratch.built(SETUP):
+        pass
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a build works, in a database that is not the parent's
+        try:
+            with scratch.built(SETUP) as cursor:
+                ok = cursor.execute("SELECT count(*) FROM shops").fetchone() == (1,)
+            os.write(writer, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(writer)
+    assert os.read(reader, 1) == b"1"
+    os.waitpid(pid, 0)
+    with scratch.built(SETUP) as cursor:  # and the parent's still serves
+        assert cursor.execute("SELECT count(*) FROM shops").fetchone() == (1,)
