@@ -3,10 +3,11 @@ opened per task database (before) against the process's one scratch database (no
 
 DuckDB trims the C heap (glibc `malloc_trim`) whenever a database instance starts or is
 destroyed and when one of its worker threads idles after a query, which hands back the freed
-memory the engine keeps warm between steps (`server.engine.host_memory`). A trial builds its prompts in the process that hosts an embedded
-engine, and until its prompt cache holds every training database (112 in the multi-table corpus,
-8 tasks a step) most steps met a database not seen before. `sqltasks.scratch` now builds every
-database in a schema of one single-threaded database kept open.
+memory the engine keeps warm between steps (`server.engine.host_memory`). A trial builds its
+prompts in the process that hosts an embedded engine, and until its prompt cache holds every
+training database (112 in the multi-table corpus, 8 tasks a step) most steps met a database not
+seen before. `sqltasks.scratch` now builds every database in a schema of one single-threaded
+database kept open.
 
 One loaded model; each step, both ways in turn on the same 8 tasks (the transfer recipe's
 prompts: CREATE TABLE statements, 2 sample rows a table, 1600 characters), each with its prompt
