@@ -37,8 +37,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from autoresearch.evaluation.evaluate import prompt_tokens  # noqa: E402
-from autoresearch.rl.trial import gold_completion  # noqa: E402
+from bench_sft_step import sft_datum  # noqa: E402
+
 from server.engine.engine import Engine, ForwardBackwardJob  # noqa: E402
 from server.engine.lora import LoraSpec  # noqa: E402
 from server.engine.model_loading import load_base_model  # noqa: E402
@@ -64,16 +64,7 @@ def build(engine: Engine, tasks: list, view: SchemaView,
     saved = prompt._database_samples
     prompt._database_samples = lru_cache(maxsize=512)(samples)  # once per database, as cached
     try:
-        data = []
-        for task in tasks:
-            tokens = prompt_tokens(engine.tokenizer, task, "base", view)
-            completion = engine.tokenizer.encode(gold_completion(task, "base"),
-                                                 add_special_tokens=False)
-            full = np.asarray(tokens + list(completion), dtype=np.int64)
-            weights = np.zeros(len(full) - 1, np.float32)
-            weights[len(tokens) - 1 :] = 1.0
-            data.append(Datum(full[:-1], {"target_tokens": full[1:], "weights": weights}))
-        return data
+        return [sft_datum(engine, task, view) for task in tasks]
     finally:
         prompt._database_samples = saved
 

@@ -37,6 +37,7 @@ from bench_roofline import TRAIN_WIDTH, Shapes, roofline  # noqa: E402
 
 from autoresearch.evaluation.evaluate import prompt_tokens  # noqa: E402
 from autoresearch.rl.trial import gold_completion  # noqa: E402
+from rewards import Task  # noqa: E402
 from server.engine import invariance  # noqa: E402
 from server.engine.engine import Engine, ForwardBackwardJob  # noqa: E402
 from server.engine.lora import LoraSpec  # noqa: E402
@@ -47,26 +48,24 @@ from sqltasks import SchemaView, load_corpus  # noqa: E402
 WAYS = ("one GEMM per tile", "padded GEMMs", "fused (no invariance)")
 
 
+def sft_datum(engine: Engine, task: Task, view: SchemaView) -> Datum:
+    """One SFT example as the trial sends it: prompt positions weigh 0, the gold query's 1."""
+    prompt = prompt_tokens(engine.tokenizer, task, "base", view)
+    completion = engine.tokenizer.encode(gold_completion(task, "base"), add_special_tokens=False)
+    full = np.asarray(prompt + list(completion), dtype=np.int64)
+    weights = np.zeros(len(full) - 1, np.float32)
+    weights[len(prompt) - 1 :] = 1.0
+    return Datum(full[:-1], {"target_tokens": full[1:], "weights": weights})
+
+
 def sft_batches(engine: Engine, steps: int, batch: int, sample_rows: int, max_chars: int,
                 seed: int) -> list[list[Datum]]:
-    """The transfer recipe's SFT batches: prompt positions weigh 0, the gold query's 1."""
+    """The transfer recipe's SFT batches."""
     train = load_corpus("train", 0, corpus="multitable")
     view = SchemaView(sample_rows=sample_rows, max_chars=max_chars)
     rng = np.random.default_rng(seed)
-    batches = []
-    for _ in range(steps):
-        data = []
-        for index in rng.choice(len(train), size=batch, replace=False):
-            task = train[int(index)]
-            prompt = prompt_tokens(engine.tokenizer, task, "base", view)
-            completion = engine.tokenizer.encode(gold_completion(task, "base"),
-                                                 add_special_tokens=False)
-            full = np.asarray(prompt + list(completion), dtype=np.int64)
-            weights = np.zeros(len(full) - 1, np.float32)
-            weights[len(prompt) - 1 :] = 1.0
-            data.append(Datum(full[:-1], {"target_tokens": full[1:], "weights": weights}))
-        batches.append(data)
-    return batches
+    return [[sft_datum(engine, train[int(i)], view)
+             for i in rng.choice(len(train), size=batch, replace=False)] for _ in range(steps)]
 
 
 def sft_flops(shapes: Shapes, data: list[Datum]) -> float:
