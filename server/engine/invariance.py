@@ -10,7 +10,10 @@ fp32 product of the LoRA layers (and of an fp32 base model) gives each row the b
 `[ROW_TILE, K]` product whatever the batch: rows are padded to whole tiles and multiplied in
 GEMMs of up to `GEMM_TILES` tiles where a probe of this machine's GEMM at that shape finds it
 gives every row those bits, else one GEMM per tile. A half-precision product of fewer than
-`MIN_HALF_ROWS` rows gets zero rows beside it. Attention has its own
+`MIN_HALF_ROWS` rows gets zero rows beside it, where a probe finds that this machine's half GEMM
+gives a row of any larger count its bits; where it does not (an Intel Xeon with AVX-512 and no
+bf16 instructions: 5-row products differed from a 6144-row one), half products are tiled as fp32
+ones are. Attention has its own
 module (`invariant_attention`); the engine's other rule (each training job on its own
 micro-batches) lives in `Training.forward_backward`.
 """
@@ -133,12 +136,49 @@ def tiled_matmul(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     return torch.cat([padded[i : i + step] @ weight_t for i in range(0, rows, step)])[:rows]
 
 
+HALF_PROBE_ROWS = (MIN_HALF_ROWS, 5, 7, 16, 33)
+"""Row counts a half-precision product is probed at against one large product."""
+HALF_PROBE_OUTPUTS = 1 << 20
+"""Outputs compared per row count (rows capped at 16384, at least 64): a kernel that treats some
+row counts differently changes only outputs near a rounding boundary, a few per hundred
+thousand."""
+
+
+@functools.cache
+def half_rows_are_invariant(
+    features: int, outputs: int, dtype: torch.dtype, device: torch.device, threads: int
+) -> bool:
+    """Whether this machine's half-precision GEMM `[rows, features] @ [features, outputs]` gives
+    each row the bits it has in a large product for every probed count of at least
+    `MIN_HALF_ROWS` rows. Measured once per shape, dtype, device and thread count on random
+    inputs (the weight a random block repeated across the outputs, as `padded_gemm_is_tiled`
+    draws it)."""
+    del threads  # part of the cache key
+    generator = torch.Generator().manual_seed(1)
+    rows = max(64, min(16384, HALF_PROBE_OUTPUTS // max(1, outputs)))
+    x = torch.randn(rows, features, generator=generator)
+    block = torch.randn(min(outputs, 1024), features, generator=generator) * 0.2
+    weight = block.repeat(-(-outputs // block.shape[0]), 1)[:outputs]
+    x, weight = x.to(device=device, dtype=dtype), weight.to(device=device, dtype=dtype)
+    with torch.no_grad():
+        whole = F.linear(x, weight)
+        for count in HALF_PROBE_ROWS:
+            usable = rows // count * count
+            parts = torch.cat([F.linear(x[i : i + count], weight)
+                               for i in range(0, usable, count)])
+            if not torch.equal(parts, whole[:usable]):
+                return False
+    return True
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`F.linear` of 2-D `x`; under invariance tiled when the product is fp32, and of at least
+    """`F.linear` of 2-D `x`; under invariance tiled when the product is fp32 (or half precision
+    on a machine whose half GEMM the probe finds row-count dependent), and of at least
     `MIN_HALF_ROWS` rows when it is half precision."""
     if not (_ROW_INVARIANT.get() and x.dim() == 2):
         return F.linear(x, weight, bias)
-    if x.dtype == torch.float32:
+    if x.dtype == torch.float32 or not half_rows_are_invariant(
+            x.shape[1], weight.shape[0], x.dtype, x.device, torch.get_num_threads()):
         out = tiled_matmul(x, weight.T)
         return out + bias if bias is not None else out
     rows = x.shape[0]

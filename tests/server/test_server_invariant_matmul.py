@@ -5,8 +5,9 @@ kernel that handles some row counts differently shows only on the outputs whose 
 lies near a rounding boundary, so each check multiplies thousands of rows: once as one product,
 then in products of 1, 2, 3 and 5 rows (a sequence decoding on alone after its batch-mates
 finished, a few requests), and compares every output with `torch.equal`. Without the padding
-of small bf16 products, one- and two-row products differed on this CPU in a few outputs per
-hundred thousand.
+of small bf16 products, one- and two-row products differed on a Zen 4 in a few outputs per
+hundred thousand; on an Intel Xeon without bf16 instructions five-row products differed too,
+and there half products are tiled (`half_rows_are_invariant`).
 """
 
 from __future__ import annotations
@@ -98,3 +99,25 @@ def test_the_probe_is_measured_once_per_shape_dtype_device_and_thread_count():
     invariance.padded_gemm_is_tiled(64, 48, torch.float32, torch.device("cpu"), 1)
     info = invariance.padded_gemm_is_tiled.cache_info()
     assert (info.hits, info.misses) == (1, 2)
+
+
+def test_where_half_products_depend_on_their_row_count_they_are_tiled_as_fp32_ones(monkeypatch):
+    """A machine whose half GEMM gives a row other bits in another row count (the probe says
+    so) multiplies half products in padded row tiles: every row then has its tile's bits."""
+    calls = []
+    monkeypatch.setattr(invariance, "half_rows_are_invariant",
+                        lambda *key: calls.append(key) or False)
+    x, weight = torch.randn(21, 64).bfloat16(), torch.randn(32, 64).bfloat16()
+    with invariance.row_invariant():
+        out = invariance.linear(x, weight, None)
+    assert calls == [(64, 32, torch.bfloat16, x.device, torch.get_num_threads())]
+    assert torch.equal(out, invariance.tiled_matmul(x, weight.T))
+
+
+def test_the_half_probe_is_measured_once_per_shape_dtype_device_and_thread_count():
+    invariance.half_rows_are_invariant.cache_clear()
+    key = (32, 64, torch.bfloat16, torch.device("cpu"), torch.get_num_threads())
+    first = invariance.half_rows_are_invariant(*key)
+    assert invariance.half_rows_are_invariant(*key) is first
+    info = invariance.half_rows_are_invariant.cache_info()
+    assert (info.hits, info.misses) == (1, 1)
