@@ -75,6 +75,19 @@ def _per_tile(padded: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     return out.reshape(tiles * ROW_TILE, -1)
 
 
+def _probe_operands(rows: int, features: int, outputs: int, dtype: torch.dtype,
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random `[rows, features]` inputs and a `[features, outputs]` weight for a probe, drawn from
+    a fixed seed. The weight is a random block repeated across the outputs: drawing a
+    vocabulary-wide weight would cost more than the probe's products, and every output still
+    sums K different products."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, features, generator=generator)
+    block = torch.randn(features, min(outputs, 1024), generator=generator)
+    weight_t = block.repeat(1, -(-outputs // block.shape[1]))[:, :outputs]
+    return x.to(device=device, dtype=dtype), weight_t.to(device=device, dtype=dtype)
+
+
 @functools.cache
 def padded_gemm_is_tiled(
     features: int, outputs: int, dtype: torch.dtype, device: torch.device, threads: int
@@ -90,13 +103,7 @@ def padded_gemm_is_tiled(
     keeps one GEMM per tile.
     """
     del threads  # part of the cache key: the kernel's threading can change its order
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(GEMM_TILES * ROW_TILE, features, generator=generator)
-    # A random block repeated across the outputs: drawing a vocabulary-wide weight would cost
-    # more than the probe's products, and every output still sums K different products.
-    block = torch.randn(features, min(outputs, 1024), generator=generator)
-    weight_t = block.repeat(1, -(-outputs // block.shape[1]))[:, :outputs]
-    x, weight_t = x.to(device=device, dtype=dtype), weight_t.to(device=device, dtype=dtype)
+    x, weight_t = _probe_operands(GEMM_TILES * ROW_TILE, features, outputs, dtype, device)
     tile = lambda i: slice(i * ROW_TILE, (i + 1) * ROW_TILE)  # noqa: E731
     # For a wide weight, the first, middle and last tile of each product: where a partial
     # group, a thread's share or a kernel edge would fall. One-tile products are the reference.
@@ -150,16 +157,12 @@ def half_rows_are_invariant(
 ) -> bool:
     """Whether this machine's half-precision GEMM `[rows, features] @ [features, outputs]` gives
     each row the bits it has in a large product for every probed count of at least
-    `MIN_HALF_ROWS` rows. Measured once per shape, dtype, device and thread count on random
-    inputs (the weight a random block repeated across the outputs, as `padded_gemm_is_tiled`
-    draws it)."""
+    `MIN_HALF_ROWS` rows. Measured once per shape, dtype, device and thread count on the
+    probe's random inputs (`_probe_operands`)."""
     del threads  # part of the cache key
-    generator = torch.Generator().manual_seed(1)
     rows = max(64, min(16384, HALF_PROBE_OUTPUTS // max(1, outputs)))
-    x = torch.randn(rows, features, generator=generator)
-    block = torch.randn(min(outputs, 1024), features, generator=generator) * 0.2
-    weight = block.repeat(-(-outputs // block.shape[0]), 1)[:outputs]
-    x, weight = x.to(device=device, dtype=dtype), weight.to(device=device, dtype=dtype)
+    x, weight_t = _probe_operands(rows, features, outputs, dtype, device)
+    weight = weight_t.T
     with torch.no_grad():
         whole = F.linear(x, weight)
         for count in HALF_PROBE_ROWS:
