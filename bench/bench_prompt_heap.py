@@ -102,13 +102,14 @@ def main() -> None:
             engine.forward_backward([ForwardBackwardJob(state, data, "cross_entropy", {}, False)])
             t2 = time.perf_counter()
             state.optimizer.zero_grad(set_to_none=True)
+            stepped = faults() - first
             built[way] = [d.tokens.tolist() for d in data]
             if index:
                 seconds[way]["build"].append(t1 - t0)
                 seconds[way]["train"].append(t2 - t1)
-                seconds[way]["faults"].append(faults() - first)
+                seconds[way]["faults"].append(stepped)
             print(f"  step {index} {way:45s} build {t1 - t0:5.2f} s  forward_backward "
-                  f"{t2 - t1:6.1f} s  minor faults {faults() - first:,}", flush=True)
+                  f"{t2 - t1:6.1f} s  minor faults {stepped:,}", flush=True)
         same &= built[WAYS[0]] == built[WAYS[1]]
 
     print(f"\n{args.steps} steps per way (after one uncounted), 8 tasks each, medians\n")

@@ -24,10 +24,8 @@ import duckdb
 
 _lock = threading.RLock()
 _database: list[duckdb.DuckDBPyConnection] = []
-_names = itertools.count()
-
-
 _inherited: list[duckdb.DuckDBPyConnection] = []
+_names = itertools.count()
 
 
 def _forget_after_fork() -> None:
