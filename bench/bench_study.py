@@ -116,11 +116,17 @@ DESIGNS: dict[str, dict[str, Any]] = {
         # per arm, old corpus) at a run SD under 3 points, the largest effect for its noise
         # measured here. The demo's RL recipe from the demo's 32-step warm-up gained +4.1 at a
         # run SD up to 5 points (p 0.022): too noisy for a study's confirmation to find.
-        # The real change known to help: a longer warm-up, as 16 SFT steps on gold queries
-        # (the trial's own SFT defaults) before the base's RL; the arms part measures it
-        # beforehand on the current corpus.
-        "known_change": {"sft.steps": 16},
-        "known_label": "a longer warm-up: 16 more SFT steps inside the trial, before its RL",
+        # That change, 16 SFT steps inside each trial, cost each arm-B run four arm-A runs, so
+        # its arms alone overran the hour (110 minutes in all, +5.9 points at a run SD of 4).
+        # The real change known to help is now a longer warm-up as a checkpoint: the study
+        # declares a second warm-up of 48 SFT steps (trained once, cached) and the change
+        # starts the base's RL from it instead of from the 16-step one, so an arm-B run costs
+        # what an arm-A run does; the arms part measures it beforehand on 10 seeds a side.
+        "warmup_choices": {"long": {"sft": {"steps": 48, "batch_size": 8,
+                                            "adam": {"learning_rate": 5e-4}},
+                                    "checkpoint_every": 8}},
+        "known_change": {"warmup": "long"},
+        "known_label": "a longer warm-up: RL from the 48-step SFT checkpoint, not the 16-step one",
         # The known study's confirmation: 5 fresh seeds a side (with the seed bank's 3 runs, 10
         # run-to-run df). Resampled from the real arms, a study of this design keeps the +5.9
         # points measured on the current corpus 45% of the time (37% when first looks compared
@@ -145,8 +151,11 @@ DESIGNS: dict[str, dict[str, Any]] = {
         "budget": {"max_trials": 2, "confirm_seeds": 1, "max_confirm_trials": 2},
         "null_trials": 1,
         "parallel": 2,
-        "known_change": {"sft.steps": 1},
-        "known_label": "one SFT step inside the trial",
+        "warmup_choices": {"long": {"sft": {"steps": 3, "batch_size": 2,
+                                            "adam": {"learning_rate": 5e-4}},
+                                    "checkpoint_every": 1}},
+        "known_change": {"warmup": "long"},
+        "known_label": "a longer warm-up (3 SFT steps, not 2)",
         "known_confirm_seeds": 1,
         "known_test_tasks": 4,
     },
@@ -255,6 +264,12 @@ def arm_runs(directory: Path, change: dict[str, Any]
     return base, changed
 
 
+def warmup_scores(directory: Path) -> dict[str, str]:
+    """Each declared warm-up's dev accuracy after it (the checkpoints the arms fork from)."""
+    trials = Journal(directory, read_only=True).trials("role = ?", ["warmup"])
+    return {t["id"]: acc(t, "dev") for t in trials}
+
+
 def _has(changes: dict[str, Any] | None, change: dict[str, Any]) -> bool:
     return all((changes or {}).get(k) == v for k, v in change.items())
 
@@ -272,6 +287,9 @@ def summarise_arms(directory: Path, change_made: dict[str, Any], seconds: float,
     known = pooled_run_test(change, base)
     interval = known.interval()
     print(f"\n== arms ({seconds:.0f} s) ==")
+    warmups = warmup_scores(directory)
+    for trial_id, score in warmups.items():
+        print(f"  {trial_id}: dev {score}")
     print(f"  arm A, the base config: dev {_mean_sd(base)}")
     print(f"  arm B, {json.dumps(change_made)}: dev {_mean_sd(change)}")
     print(f"  B - A over runs: {fmt(interval)} (Student t, run SD {known.run_sd:.3f}, "
@@ -286,6 +304,7 @@ def summarise_arms(directory: Path, change_made: dict[str, Any], seconds: float,
             what = "false keeps per A/A study" if not effect else "power (planted kept)"
             print(f"  {label}: {what}: {rate(hits, n)}")
     return {"study": "arms", "seconds": round(seconds, 1), "directory": str(directory),
+            "warmups": warmups,
             "base_arm": _mean_sd(base), "change_arm": _mean_sd(change),
             "change_minus_base": interval.as_dict(), "run_test": known.as_dict(),
             "pseudo_candidates": candidates, "pseudo": cells}
@@ -380,6 +399,7 @@ def make_study(name: str, design: dict[str, Any], weak: str, cache: Path, propos
     return Study.model_validate({
         "name": name, "seed": seed, "embedded_model": model, "base_trial": base,
         "warmup": {**design["warmup"], "cache_dir": str(cache)},
+        "warmup_choices": design.get("warmup_choices", {}),
         "pruning": design["pruning"], "search_space": space, "budget": design["budget"],
         "trial_cache": None if trials is None else {"dir": str(trials)},
         "proposer": {"kind": proposer, "startup_trials": 2},

@@ -317,6 +317,15 @@ def test_verdicts(trials: Sequence[Trial], best_id: str
     return (kept, base) if kept and base else None
 
 
+def warmup_of(trial: Trial, trials: list[Trial]) -> Trial | None:
+    """The warm-up row a trial forked from: the one whose checkpoint is the trial's
+    `init_checkpoint` (a study may declare several), else the study's own warm-up."""
+    warmups = [t for t in trials if t["role"] == "warmup"]
+    start = (trial.get("config") or {}).get("init_checkpoint")
+    return (next((w for w in warmups if start and w.get("checkpoint") == start), None)
+            or next((w for w in warmups if w["id"] == "warmup"), None))
+
+
 def against_warmup(trial: Trial, warmup: Trial | None) -> Estimate | None:
     """The trial's dev score minus the warm-up checkpoint's it started from, paired per task
     (None without a scored warm-up or a scored trial): whether RL helped at all."""

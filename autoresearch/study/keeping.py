@@ -19,12 +19,12 @@ from autoresearch.study.confirmation import (
     against_warmup,
     evidence_seeds,
     next_decision,
+    warmup_of,
 )
 from autoresearch.study.decision_text import decision_text
 from autoresearch.study.decisions import KeepRule
 from autoresearch.study.journal import Journal
 from autoresearch.study.spec import Study
-from autoresearch.study.warmup import WARMUP_ID
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +117,8 @@ class KeepRuleJournal:
         diff = comparison.as_dict() if comparison is not None else {}
         if runs is not None:
             diff.update(runs.as_dict())
-        warmup = next(iter(self.journal.trials("id = ?", [WARMUP_ID])), None)
-        vs_warmup = against_warmup(candidate, warmup)
+        warmups = self.journal.trials("role = ?", ["warmup"])
+        vs_warmup = against_warmup(candidate, warmup_of(candidate, warmups))
         alpha = self.rule.budget.per_confirmation if rule == "confirmation" else None
         decision = {"verdict": verdict, "rule": rule, "against": incumbent and incumbent["id"],
                     **diff, "alpha": alpha, "note": note}

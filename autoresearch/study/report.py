@@ -22,7 +22,7 @@ from autoresearch.evaluation.stats import (
 )
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.progress import describe, where
-from autoresearch.study.confirmation import against_warmup, test_verdicts
+from autoresearch.study.confirmation import against_warmup, test_verdicts, warmup_of
 from autoresearch.study.decision_text import decision_text
 from autoresearch.study.decisions import ErrorBudget, KeepRule, paired_items
 from autoresearch.study.journal import Journal
@@ -97,14 +97,13 @@ def _mean_acc(runs: list) -> str:
 def _against_warmup_blocks(trials: list[dict[str, Any]],
                            best: dict[str, Any] | None) -> list[Block]:
     """Every scored trial against the warm-up checkpoint it forked from: did RL help at all?"""
-    row = next((t for t in trials if t["role"] == "warmup"), None)
-    if row is None:
+    if not any(t["role"] == "warmup" for t in trials):
         return []
     rows, worse, better = [], [], []
     for t in trials:
         if t["role"] not in ("baseline", "explore"):
             continue
-        gain = against_warmup(t, row)
+        gain = against_warmup(t, warmup_of(t, trials))
         if gain is None:
             continue
         word = ("worse beyond noise" if gain.high < 0 else
@@ -381,13 +380,20 @@ def build(journal: Journal) -> list[Block]:
 def _warmup_blocks(journal: Journal, trials: list[dict[str, Any]]) -> list[Block]:
     """The warm-up's effect: dev accuracy of the starting weights and after the warm-up, on
     the same fixed dev tasks, with the paired difference."""
-    row = next((t for t in trials if t["role"] == "warmup"), None)
-    if row is None:
+    warmups = [t for t in trials if t["role"] == "warmup"]
+    if not warmups:
         return []
+    blocks = [Block("h2", "Warm-up")]
+    for row in warmups:
+        blocks += _one_warmup_blocks(journal, row, several=len(warmups) > 1)
+    return blocks
+
+
+def _one_warmup_blocks(journal: Journal, row: dict[str, Any], several: bool) -> list[Block]:
     from autoresearch.study.warmup import warmup_effect
 
-    blocks = [Block("h2", "Warm-up"), Block("p", row["rationale"] or "")]
-    effect = warmup_effect(journal)
+    blocks = [Block("p", row["rationale"] or "")]
+    effect = warmup_effect(journal, row["id"])
     if row["status"] != "done":
         blocks.append(Block("p", f"The warm-up is {row['status']}: {row['error'] or ''}"))
     if effect is not None:
@@ -400,7 +406,9 @@ def _warmup_blocks(journal: Journal, trials: list[dict[str, Any]]) -> list[Block
             ["after the warm-up", str(acc["after"])],
             ["after - before (paired, 95% CI)", _diff(gain)]]))
     if row.get("checkpoint"):
-        blocks.append(Block("p", f"Every trial starts from {row['checkpoint']}."))
+        who = ("Every trial that chooses it" if row["id"] != "warmup" else
+               "Every trial that chooses no other warm-up" if several else "Every trial")
+        blocks.append(Block("p", f"{who} starts from {row['checkpoint']}."))
     return blocks
 
 

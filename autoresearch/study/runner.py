@@ -56,10 +56,9 @@ from autoresearch.study.keeping import DecisionsImpossible, KeepRuleJournal
 from autoresearch.study.proposers import Context, ProposalBatch, Proposer, make_proposer
 from autoresearch.study.pruning import StudyPruning, TrialPruned, intermediate_step
 from autoresearch.study.space import config_diff, config_key
-from autoresearch.study.spec import Study
+from autoresearch.study.spec import PRIMARY_WARMUP, Study
 from autoresearch.study.tracing import Tracer
 from autoresearch.study.warmup import (
-    WARMUP_ID,
     WarmupFailed,
     WarmupStage,
     remote_checkpoint_exists,
@@ -187,10 +186,13 @@ class StudyRunner:
         if self.study.warmup is None:
             return
         owner, exists = self._checkpoint_access()
-        stage = WarmupStage(self.study, self.journal, self.dir, self._server_data, owner, exists)
-        self._trackers[WARMUP_ID] = ProgressTracker(stage.config)
-        checkpoint = stage.ensure(executor, self._step_sink(WARMUP_ID, "warmup"))
-        self.space = self.study.space(checkpoint)
+        checkpoints: dict[str, str] = {}
+        for name in (PRIMARY_WARMUP, *self.study.warmup_choices):
+            stage = WarmupStage(self.study, self.journal, self.dir, self._server_data, owner,
+                                exists, name)
+            self._trackers[stage.trial_id] = ProgressTracker(stage.config)
+            checkpoints[name] = stage.ensure(executor, self._step_sink(stage.trial_id, "warmup"))
+        self.space = self.study.space(checkpoints[PRIMARY_WARMUP], checkpoints)
 
     def _controlled(self, executor: Executor) -> Executor:
         """`executor`, obeying the study's pause and stop requests at every step."""
@@ -495,12 +497,11 @@ class StudyRunner:
         new_rows = []
         for proposal in batch.proposals:
             try:
-                self.space.validate(proposal.changes)
+                _, config = self.space.validate(proposal.changes)
             except ValueError as exc:
                 self.journal.event("proposer", f"proposal rejected, outside the search space: "
                                    f"{exc}", changes=proposal.changes)
                 continue
-            config = self.space.base.with_changes(proposal.changes)
             if not self._steps_fit(trials, planned, config):
                 break
             planned.append(config)

@@ -5,11 +5,17 @@ a numeric range (optionally on a log scale, optionally stepped) or a list of cho
 proposer's answer passes through `SearchSpace.validate`, so an LLM cannot move a field the study
 did not open, nor push one outside its bounds; the result is then validated as a whole by
 `TrialConfig.with_changes`.
+
+A space may also hold study dimensions: names that are not config fields but stand for config
+changes only the study can resolve, such as which of its declared warm-ups a trial forks from
+(`warmup`: the warm-up's name, resolved to that warm-up's checkpoint).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -98,13 +104,30 @@ def _config_value(config: TrialConfig, dotted: str) -> Any:
     return node
 
 
+@dataclass(frozen=True)
+class StudyDimension:
+    """A searchable name that is not a config field: its base value, and the config changes
+    each value stands for (a proposal and the journal keep the name; the trial gets the
+    changes)."""
+
+    base: Value
+    changes: Callable[[Value], dict[str, Any]]
+
+
 class SearchSpace:
     """A validated space over one base config."""
 
-    def __init__(self, params: dict[str, Param], base: TrialConfig):
+    def __init__(self, params: dict[str, Param], base: TrialConfig,
+                 dimensions: dict[str, StudyDimension] | None = None):
         self.base = base
+        self.dimensions = dict(dimensions or {})
         self.params: dict[str, Param] = {}
         for path, param in params.items():
+            if path in self.dimensions:
+                if not param.categorical:
+                    raise ValueError(f"{path!r} is chosen by name: declare it with choices")
+                self.params[path] = param
+                continue
             current = _config_value(base, path)  # raises on an unknown field
             if isinstance(current, dict):
                 raise ValueError(f"{path!r} is a section, not a field")
@@ -114,7 +137,21 @@ class SearchSpace:
             self.params[path] = param
 
     def base_values(self) -> dict[str, Any]:
-        return {path: _config_value(self.base, path) for path in self.params}
+        return {path: self.dimensions[path].base if path in self.dimensions
+                else _config_value(self.base, path) for path in self.params}
+
+    def config_changes(self, changes: Changes) -> dict[str, Any]:
+        """`changes` as config fields: each study dimension replaced by what its value
+        stands for."""
+        out: dict[str, Any] = {}
+        for path, value in changes.items():
+            dimension = self.dimensions.get(path)
+            out.update(dimension.changes(value) if dimension is not None else {path: value})
+        return out
+
+    def apply(self, changes: Changes) -> TrialConfig:
+        """The base config with `changes` made (not checked against the space)."""
+        return self.base.with_changes(self.config_changes(changes))
 
     def validate(self, changes: dict[str, Any]) -> tuple[Changes, TrialConfig]:
         """Check changes against the space and the config; ValueError lists every problem."""
@@ -134,7 +171,7 @@ class SearchSpace:
         if problems:
             raise ValueError("; ".join(problems))
         try:
-            config = self.base.with_changes(clean)
+            config = self.apply(clean)
         except ValueError as exc:  # pydantic's ValidationError is a ValueError
             raise ValueError(f"the resulting trial config is invalid: {exc}") from exc
         return clean, config

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from autoresearch.rl.config import RLConfig, SFTConfig, TrialConfig
-from autoresearch.study.space import DEFAULT_SPACE, Param, SearchSpace
+from autoresearch.study.space import DEFAULT_SPACE, Param, SearchSpace, StudyDimension
 
 
 class _Strict(BaseModel):
@@ -150,6 +151,12 @@ class TracingSpec(_Strict):
     """Weave project; default $WEAVE_PROJECT. Tracing also needs $WANDB_API_KEY."""
 
 
+WARMUP_DIMENSION = "warmup"
+"""The search-space dimension that picks which declared warm-up a trial forks from."""
+PRIMARY_WARMUP = "default"
+"""The name of the study's own `warmup` among its warm-up choices."""
+
+
 class Study(_Strict):
     name: str = Field("study", min_length=1, max_length=40)
     goal: Literal["dev_accuracy"] = "dev_accuracy"
@@ -169,6 +176,10 @@ class Study(_Strict):
     base_trial: TrialConfig = TrialConfig()
     warmup: WarmupSpec | None = None
     """A study-level warm-up every trial forks from (its `init_checkpoint`)."""
+    warmup_choices: dict[str, WarmupSpec] = Field(default_factory=dict, max_length=8)
+    """Other warm-ups, by name, that a trial may fork from instead: the search space's `warmup`
+    dimension chooses among `default` (the warm-up above) and these names. Each is trained once
+    at the start (or reused from the cache), like the warm-up above."""
     pruning: PruningSpec = PruningSpec()
     trial_cache: TrialCacheSpec | None = None
     """Off unless declared: with it, identical trials of earlier studies are replayed."""
@@ -188,6 +199,7 @@ class Study(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Study:
+        self._check_warmup_choices()
         self.space()  # unknown fields or bad bounds fail here, not mid-study
         if self.warmup is not None:
             self.warmup_trial()
@@ -209,15 +221,51 @@ class Study(_Strict):
             base = base.with_changes({"init_checkpoint": init_checkpoint})
         return base
 
-    def space(self, init_checkpoint: str | None = None) -> SearchSpace:
-        return SearchSpace(self.search_space, self.trial_base(init_checkpoint))
+    def _check_warmup_choices(self) -> None:
+        names = [PRIMARY_WARMUP, *self.warmup_choices]
+        if self.warmup_choices and self.warmup is None:
+            raise ValueError("warmup_choices needs a warm-up (`warmup:`) to be the default")
+        for name in self.warmup_choices:
+            # 12 characters at most: `<study>-warmup-<name>` stays a Kubernetes Job name
+            if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,10}[a-z0-9])?", name) \
+                    or name == PRIMARY_WARMUP:
+                raise ValueError(f"warm-up name {name!r}: up to 12 lowercase letters, digits "
+                                 f"and '-', not {PRIMARY_WARMUP!r}")
+            self.warmup_trial(name)
+        param = self.search_space.get(WARMUP_DIMENSION)
+        if param is not None:
+            if self.warmup is None:
+                raise ValueError(f"the search space's {WARMUP_DIMENSION!r} needs a warm-up")
+            unknown = [c for c in param.choices or [] if c not in names]
+            if unknown:
+                raise ValueError(f"{WARMUP_DIMENSION}: {unknown} are not declared warm-ups "
+                                 f"({', '.join(names)})")
 
-    def warmup_trial(self) -> TrialConfig:
-        """The warm-up as a trial: the base trial's model, data and dev tasks, the warm-up's
-        training; scored on dev before and after (no test split)."""
+    def space(self, init_checkpoint: str | None = None,
+              warmups: Mapping[str, str] | None = None) -> SearchSpace:
+        """The search space over the base trial; `warmups` (warm-up name -> checkpoint, once
+        they exist) resolves the `warmup` dimension."""
+        def fork_from(name: Any) -> dict[str, Any]:
+            if warmups is None:  # before the warm-ups exist: names are checked, not resolved
+                return {}
+            return {"init_checkpoint": warmups[name]}
+
+        dimensions = ({WARMUP_DIMENSION: StudyDimension(PRIMARY_WARMUP, fork_from)}
+                      if self.warmup is not None else {})
+        return SearchSpace(self.search_space, self.trial_base(init_checkpoint), dimensions)
+
+    def warmup_spec(self, name: str = "default") -> WarmupSpec:
         if self.warmup is None:
             raise ValueError("the study declares no warm-up")
-        w = self.warmup
+        if name == PRIMARY_WARMUP:
+            return self.warmup
+        return self.warmup_choices[name]
+
+    def warmup_trial(self, name: str = "default") -> TrialConfig:
+        """The warm-up (the default one, or the declared choice `name`) as a trial: the base
+        trial's model, data and dev tasks, the warm-up's training; scored on dev before and
+        after (no test split)."""
+        w = self.warmup_spec(name)
         return self.base_trial.with_changes({
             "name": "warmup", "sft": w.sft.model_dump(mode="json"),
             "rl": w.rl.model_dump(mode="json"), "checkpoint_every": w.checkpoint_every,

@@ -45,7 +45,7 @@ from autoresearch.study.cache_files import (
 )
 from autoresearch.study.executors.base import Executor, StepSink, TrialJob
 from autoresearch.study.journal import Journal
-from autoresearch.study.spec import Study
+from autoresearch.study.spec import PRIMARY_WARMUP, WARMUP_DIMENSION, Study
 
 log = logging.getLogger(__name__)
 
@@ -149,15 +149,19 @@ class WarmupStage:
 
     def __init__(self, study: Study, journal: Journal, directory: Path,
                  server_data: Path | None, owner: str | None,
-                 checkpoint_exists: Callable[[str], bool] | None = None):
+                 checkpoint_exists: Callable[[str], bool] | None = None,
+                 name: str = PRIMARY_WARMUP):
         self.study = study
+        self.name = name
+        self.trial_id = warmup_id(name)
+        """`warmup` for the study's own warm-up, `warmup-<name>` for a declared choice."""
         self.journal = journal
         self.directory = directory
         self.server_data = server_data
         """The embedded server's data directory (None: a named server holds checkpoints)."""
         self.owner = owner
         self.checkpoint_exists = checkpoint_exists or (lambda _: True)
-        self.config = study.warmup_trial()
+        self.config = study.warmup_trial(name)
         self.key = cache_key(self.config, server_scope(study))
         self.cache = WarmupCache(cache_root(study), self.key)
 
@@ -174,7 +178,7 @@ class WarmupStage:
     # ------------------------------------------------------------ internals
     def _row(self) -> dict[str, Any] | None:
         try:
-            return self.journal.trial(WARMUP_ID)
+            return self.journal.trial(self.trial_id)
         except KeyError:
             return None
 
@@ -191,26 +195,28 @@ class WarmupStage:
         return self.checkpoint_exists(entry["checkpoint"])
 
     def _new_row(self, status: str, rationale: str) -> dict[str, Any]:
-        config = self.config.with_changes({"name": f"{self.study.name}-{WARMUP_ID}"})
+        config = self.config.with_changes({"name": f"{self.study.name}-{self.trial_id}"})
         return {
-            "id": WARMUP_ID, "number": 0, "role": "warmup", "status": status,
+            "id": self.trial_id, "number": 0, "role": "warmup", "status": status,
             "proposer": "warmup", "rationale": rationale, "changes": {},
             "config": config.model_dump(mode="json"), "fingerprint": self.key,
             "config_key": f"warmup-{self.key}", "seed": config.seed, "replicate_of": None,
-            "best_at_proposal": None, "diff_vs_best": {}, "directory": WARMUP_ID,
+            "best_at_proposal": None, "diff_vs_best": {}, "directory": self.trial_id,
             "created": time.time(), "attempts": 0,
         }
 
     def _describe(self) -> str:
-        w = self.study.warmup
-        assert w is not None
+        w = self.study.warmup_spec(self.name)
         parts = []
         if w.sft.steps:
             parts.append(f"SFT {w.sft.steps} steps x {w.sft.batch_size} gold queries at lr "
                          f"{w.sft.adam.learning_rate:g}")
         if w.rl.steps:
             parts.append(f"RL {w.rl.steps} steps x {w.rl.prompts_per_step}x{w.rl.group_size}")
-        return "Study warm-up (" + ", ".join(parts) + "): every trial starts from it"
+        if self.name == PRIMARY_WARMUP:
+            return "Study warm-up (" + ", ".join(parts) + "): every trial starts from it"
+        return (f"Warm-up choice {self.name!r} (" + ", ".join(parts) + "): trials that choose "
+                f"`{WARMUP_DIMENSION}: {self.name}` start from it")
 
     def _reuse(self, entry: dict[str, Any], row: dict[str, Any] | None) -> str:
         checkpoint = entry["checkpoint"]
@@ -224,12 +230,12 @@ class WarmupStage:
         final = entry.get("final") or {}
         acc = final.get("accuracy") or {}
         self.journal.finish_trial(
-            WARMUP_ID, record.of_type("step"), record.of_type("eval"), status="done",
+            self.trial_id, record.of_type("step"), record.of_type("eval"), status="done",
             rationale=rationale, finished=time.time(), dev=final or None,
             dev_accuracy=acc.get("value"), dev_low=acc.get("low"), dev_high=acc.get("high"),
             dev_n=acc.get("n"), steps=0, tokens=0, wall_seconds=0.0, checkpoint=checkpoint)
         self.journal.event("warmup", f"warm-up reused from {self.cache.dir}: {checkpoint}",
-                           WARMUP_ID, key=self.key)
+                           self.trial_id, key=self.key)
         log.info("warm-up reused from the cache (%s): %s", self.cache.dir, checkpoint)
         return checkpoint
 
@@ -239,23 +245,23 @@ class WarmupStage:
             row = self._row()
             assert row is not None
         elif row["status"] == "running":
-            self.journal.event("trial", "resuming the warm-up (resumed study)", WARMUP_ID)
-        self.journal.update_trial(WARMUP_ID, status="running",
+            self.journal.event("trial", "resuming the warm-up (resumed study)", self.trial_id)
+        self.journal.update_trial(self.trial_id, status="running",
                                   started=row.get("started") or time.time(),
                                   attempts=(row.get("attempts") or 0) + 1)
-        directory = (self.directory / WARMUP_ID).resolve()
+        directory = (self.directory / self.trial_id).resolve()
         log.info("running the warm-up (cache key %s)", self.key)
         record = TrialRecord(directory)
         try:
             result: TrialResult = executor.run(
-                TrialJob(WARMUP_ID, TrialConfig.model_validate(row["config"]), directory),
+                TrialJob(self.trial_id, TrialConfig.model_validate(row["config"]), directory),
                 on_step)
         except Exception as exc:
-            self.journal.finish_trial(WARMUP_ID, record.of_type("step"), record.of_type("eval"),
+            self.journal.finish_trial(self.trial_id, record.of_type("step"), record.of_type("eval"),
                                       status="crashed", finished=time.time(),
                                       error=f"{type(exc).__name__}: {exc}"[-4000:])
             self.journal.event("warmup", f"the warm-up failed: {type(exc).__name__}: {exc}",
-                               WARMUP_ID)
+                               self.trial_id)
             raise WarmupFailed(f"the study warm-up failed: {exc}; fix the cause and resume "
                                "the study") from exc
         if not result.checkpoint:
@@ -264,7 +270,7 @@ class WarmupStage:
         final = final or _eval_summary(result.dev)
         acc = (final or {}).get("accuracy") or {}
         self.journal.finish_trial(
-            WARMUP_ID, record.of_type("step"), record.of_type("eval"), status="done",
+            self.trial_id, record.of_type("step"), record.of_type("eval"), status="done",
             finished=time.time(), dev=final, dev_accuracy=acc.get("value"),
             dev_low=acc.get("low"), dev_high=acc.get("high"), dev_n=acc.get("n"),
             steps=result.steps, tokens=result.tokens, wall_seconds=result.wall_seconds,
@@ -275,17 +281,23 @@ class WarmupStage:
                           "steps": result.steps, "tokens": result.tokens,
                           "wall_seconds": result.wall_seconds, "created": time.time()},
                          record.path, self.server_data)
-        self.journal.event("warmup", f"warm-up done: {result.checkpoint}", WARMUP_ID,
+        self.journal.event("warmup", f"warm-up done: {result.checkpoint}", self.trial_id,
                            cache_key=self.key, cache_dir=str(self.cache.dir),
                            seconds=round(result.wall_seconds, 1))
         log.info("warm-up done (%.0f s): %s", result.wall_seconds, result.checkpoint)
         return result.checkpoint
 
 
-def warmup_effect(journal: Journal) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """The warm-up's dev scores before and after (eval summaries with verdicts), if journaled."""
+def warmup_id(name: str = PRIMARY_WARMUP) -> str:
+    """The journal id of a warm-up: `warmup`, or `warmup-<name>` for a declared choice."""
+    return WARMUP_ID if name == PRIMARY_WARMUP else f"{WARMUP_ID}-{name}"
+
+
+def warmup_effect(journal: Journal, trial_id: str = WARMUP_ID
+                  ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """A warm-up's dev scores before and after (eval summaries with verdicts), if journaled."""
     rows = journal.query("SELECT stage, summary FROM evals WHERE trial_id = ? AND split = 'dev'",
-                         [WARMUP_ID])
+                         [trial_id])
     by_stage = {r["stage"]: r["summary"] for r in rows}
     if "start" in by_stage and "final" in by_stage:
         return by_stage["start"], by_stage["final"]

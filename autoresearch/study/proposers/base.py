@@ -54,7 +54,7 @@ class Context:
         return {t["config_key"] for t in self.trials}
 
     def is_new(self, changes: Changes) -> bool:
-        return config_key(self.space.base.with_changes(changes)) not in self.known_keys()
+        return config_key(self.space.apply(changes)) not in self.known_keys()
 
 
 class Proposer(Protocol):
