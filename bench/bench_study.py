@@ -7,9 +7,9 @@ another. The default parts:
 
 `arms`: two configs measured beforehand, as one study that decides nothing: the healthy base
     config (3 GRPO steps of 4 x 4) under `--seeds` seeds (the baseline's own and `--seeds - 1`
-    more) and the base with the design's known change (a longer warm-up: 16 more SFT steps
-    inside the trial, before its RL) under `--seeds` seeds of its own, every run scored on the
-    same dev tasks. From these runs:
+    more) and the base with the design's known change (a longer warm-up: the same RL from a
+    second declared warm-up of 48 SFT steps, `warmup: long`) under `--seeds` seeds of its own,
+    every run scored on the same dev tasks. From these runs:
     (a) A/A: the base arm is a seed bank of one healthy config; it is resampled into
         `--pseudo` pseudo-studies (a baseline and three candidates that are all this config,
         each run a different bank run) decided by the runner's own code
@@ -32,7 +32,7 @@ re-proposed under other seeds (see docs/studies.md for what they showed).
 
 Decisions are the studies' own (dev split only); each study reads the test split once.
 
-    python bench/bench_study.py                    # arms and known (110 min, 2 quiet cores)
+    python bench/bench_study.py                    # arms and known (83 min, 2 quiet fp32 cores)
     python bench/bench_study.py --smoke            # the same pipeline, tiny sizes (minutes)
     python bench/bench_study.py --resume runs/bench-study/<stamp>   # finish an interrupted run
     python bench/bench_study.py --resume runs/bench-study/<stamp> --redecide --parts arms
@@ -89,10 +89,10 @@ NO_OP = {"rl.max_train_tokens": 10**12}
 re-proposed base config a new candidate in the study's eyes."""
 
 DESIGNS: dict[str, dict[str, Any]] = {
-    # About 70 minutes of this 2-core machine when quiet (4130 s measured). Measured step costs
-    # there: an SFT step of 8 gold queries about 19 s, a GRPO step of 4 x 4 about 35 s, greedy
-    # evaluation about 1.2 s per task; trials side by side share the two cores, so time adds up
-    # over trials.
+    # 83 minutes on 2 quiet fp32 cores (4997 s measured, the two warm-ups 1174 s of it). Step
+    # costs measured earlier: an SFT step of 8 gold queries about 19 s, a GRPO step of 4 x 4
+    # about 35 s, greedy evaluation about 1.2 s per task; trials side by side share the two
+    # cores, so time adds up over trials.
     "full": {
         # The warm-up does the learning a 270M model can do on this budget (dev 0 -> about
         # 0.1); trials are short GRPO runs forked from it, so a base config that wrecks what
@@ -128,12 +128,13 @@ DESIGNS: dict[str, dict[str, Any]] = {
         "known_change": {"warmup": "long"},
         "known_label": "a longer warm-up: RL from the 48-step SFT checkpoint, not the 16-step one",
         # The known study's confirmation: 5 fresh seeds a side (with the seed bank's 3 runs, 10
-        # run-to-run df). Resampled from the real arms, a study of this design keeps the +5.9
-        # points measured on the current corpus 45% of the time (37% when first looks compared
-        # with the baseline's one run), where 3 seeds a side kept +4.6 one time in seven; the
-        # candidate's one first-look run is the other limit. Its test check reads 100 tasks for
-        # each of its 13 runs (5 of the change, 8 of the base): runs, not tasks, limit its
-        # precision, and by estimate 200 would add about 10 minutes.
+        # run-to-run df). Resampled from the real arms, a study of this design keeps the
+        # longer warm-up's +14.3 points 81% of the time; the in-trial SFT's +5.9 it kept 45%
+        # (37% when first looks compared with the baseline's one run), where 3 seeds a side
+        # kept +4.6 one time in seven; the candidate's one first-look run is the other limit.
+        # Its test check reads 100 tasks for each of its 13 runs (5 of the change, 8 of the
+        # base): runs, not tasks, limit its precision, and by estimate 200 would add about 10
+        # minutes.
         "known_confirm_seeds": 5,
         "known_test_tasks": 100,
     },

@@ -103,13 +103,14 @@ def _against_warmup_blocks(trials: list[dict[str, Any]],
     for t in trials:
         if t["role"] not in ("baseline", "explore"):
             continue
-        gain = against_warmup(t, warmup_of(t, trials))
-        if gain is None:
+        warmup = warmup_of(t, trials)
+        gain = against_warmup(t, warmup)
+        if gain is None or warmup is None:
             continue
         word = ("worse beyond noise" if gain.high < 0 else
                 "better beyond noise" if gain.low > 0 else "not different beyond noise")
         (worse if gain.high < 0 else better if gain.low > 0 else []).append(t["id"])
-        rows.append([t["id"], t["status"], _acc(t), _diff(gain), word])
+        rows.append([t["id"], t["status"], _acc(t), warmup["id"], _diff(gain), word])
     if not rows:
         return []
     summary = (f"RL made the model worse than the warm-up it started from, beyond noise, in "
@@ -123,10 +124,10 @@ def _against_warmup_blocks(trials: list[dict[str, Any]],
         summary += ("The best config is not better than the warm-up beyond noise: RL's gain, "
                     "if any, is not shown.")
     return [Block("h2", "Against the warm-up"), Block("p", (
-        "Each trial's dev score minus the warm-up checkpoint's (the weights every trial starts "
-        "from), paired per task, 95% CI. " + summary).strip()),
-        Block("table", headers=["trial", "status", "dev accuracy", "vs warm-up", "reading"],
-              rows=rows)]
+        "Each trial's dev score minus that of the warm-up checkpoint it started from, paired "
+        "per task, 95% CI. " + summary).strip()),
+        Block("table", headers=["trial", "status", "dev accuracy", "started from", "vs warm-up",
+                                "reading"], rows=rows)]
 
 
 def _seed_bank_blocks(trials: list[dict[str, Any]], budget: dict[str, Any]) -> list[Block]:

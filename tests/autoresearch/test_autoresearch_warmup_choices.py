@@ -84,6 +84,8 @@ def test_every_declared_warmup_runs_once_and_a_trial_forks_from_the_one_it_chose
     report = outcome.report.read_text()
     assert "Warm-up choice 'long'" in report and "Every trial that chooses it starts from" in report
     assert "Every trial that chooses no other warm-up starts from" in report
+    against = report.split("## Against the warm-up")[1]
+    assert f"| {long_trial['id']} |" in against and "| warmup-long |" in against
 
 
 def test_a_second_study_reuses_every_declared_warmup_from_the_cache(tmp_path: Path):
