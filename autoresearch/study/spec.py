@@ -179,7 +179,8 @@ class Study(_Strict):
     warmup_choices: dict[str, WarmupSpec] = Field(default_factory=dict, max_length=8)
     """Other warm-ups, by name, that a trial may fork from instead: the search space's `warmup`
     dimension chooses among `default` (the warm-up above) and these names. Each is trained once
-    at the start (or reused from the cache), like the warm-up above."""
+    at the start (or reused from the cache), like the warm-up above; all of them share the
+    cache of the warm-up above (a choice's own `cache_dir` is not read)."""
     pruning: PruningSpec = PruningSpec()
     trial_cache: TrialCacheSpec | None = None
     """Off unless declared: with it, identical trials of earlier studies are replayed."""
