@@ -79,10 +79,12 @@ def test_the_arms_study_runs_each_arm_on_its_own_seeds_and_admits_only_them(tmp_
     space = study.space()
     for changes, _ in proposer.jobs:  # every listed run is inside the declared space
         space.validate(changes)
-    # the base config's own values of the changed fields are admitted too (the base arm)
-    assert 0 in study.search_space["sft.steps"].choices
-    # both arms fork from the design's warm-up, a short run never waits for a long one, and a
-    # study that decides nothing reads no test tasks
+    # the change is the declared longer warm-up; the base arm forks from the study's own
+    assert study.search_space["warmup"].choices == ["long"]
+    assert study.warmup_choices["long"].sft.steps > study.warmup.sft.steps
+    assert not any("warmup" in c for c in arm_a)
+    # the warm-ups are the design's, a short run never waits for a long one, and a study that
+    # decides nothing reads no test tasks
     assert study.warmup.sft.steps == design["warmup"]["sft"]["steps"]
     assert study.executor.schedule == "asap"
     assert study.base_trial.eval.test_tasks == 0
