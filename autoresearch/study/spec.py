@@ -247,8 +247,9 @@ class Study(_Strict):
         """The search space over the base trial; `warmups` (warm-up name -> checkpoint, once
         they exist) resolves the `warmup` dimension."""
         def fork_from(name: Any) -> dict[str, Any]:
-            if warmups is None:  # before the warm-ups exist: names are checked, not resolved
-                return {}
+            if warmups is None:  # names can be checked before the warm-ups exist, not used
+                raise RuntimeError(f"warm-up {name!r} has no checkpoint yet: the study "
+                                   "resolves warm-up choices only after its warm-ups ran")
             return {"init_checkpoint": warmups[name]}
 
         dimensions = ({WARMUP_DIMENSION: StudyDimension(PRIMARY_WARMUP, fork_from)}

@@ -65,6 +65,13 @@ def test_bank_pseudo_studies_use_each_run_once_and_find_a_large_spiked_effect():
     assert found >= 70
 
 
+def _trained_space(study):
+    """The study's space as its runner holds it once every declared warm-up has a checkpoint
+    (stand-in paths): warm-up names resolve only then."""
+    return study.space(None, {name: f"tinker://{name}/weights/final"
+                              for name in ("default", *study.warmup_choices)})
+
+
 def test_the_arms_study_runs_each_arm_on_its_own_seeds_and_admits_only_them(tmp_path):
     bench = _bench("bench_study")
     design = bench.DESIGNS["full"]
@@ -76,7 +83,7 @@ def test_the_arms_study_runs_each_arm_on_its_own_seeds_and_admits_only_them(tmp_
     assert len({c["seed"] for c in arm_a}) == 9 and len({c["seed"] for c in arm_b}) == 10
     assert study.budget.max_trials == 20 and study.budget.confirm_seeds == 0
     assert study.pruning.kind == "none"
-    space = study.space()
+    space = _trained_space(study)
     for changes, _ in proposer.jobs:  # every listed run is inside the declared space
         space.validate(changes)
     # the change is the declared longer warm-up; the base arm forks from the study's own
@@ -102,7 +109,7 @@ def test_the_known_change_study_offers_the_change_and_a_decoy_under_the_default_
     assert keep_rule_for(study.budget).budget.confirmations == 1
     assert study.base_trial.eval.test_tasks == design["known_test_tasks"]
     for c in changes:
-        study.space().validate(c)
+        _trained_space(study).validate(c)
 
 
 def test_the_demo_rl_bench_forks_each_variant_from_the_demos_warmup_and_decides_nothing():

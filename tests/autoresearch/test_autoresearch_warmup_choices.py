@@ -117,6 +117,9 @@ def test_the_space_names_the_default_warmup_as_the_base_value(tmp_path: Path):
     changes, config = space.validate({"warmup": "long"})
     assert changes == {"warmup": "long"} and config.init_checkpoint == LONG
     assert space.apply({"warmup": "default"}).init_checkpoint == DEFAULT
+    # before the warm-ups exist a name is never silently read as the default warm-up
+    with pytest.raises(RuntimeError, match="no checkpoint yet"):
+        _study("base", tmp_path).space().apply({"warmup": "long"})
 
 
 @pytest.mark.parametrize("extra, message", [
