@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from autoresearch.evaluation.stats import Estimate, RunTest, paired_difference
 from autoresearch.study.decisions import KeepRule, Verdicts, paired_items
+from autoresearch.study.spec import WARMUP_ID
 
 ACTIVE = ("queued", "running")
 """Trial statuses that may still produce a result."""
@@ -323,7 +324,7 @@ def warmup_of(trial: Trial, trials: list[Trial]) -> Trial | None:
     warmups = [t for t in trials if t["role"] == "warmup"]
     start = (trial.get("config") or {}).get("init_checkpoint")
     return (next((w for w in warmups if start and w.get("checkpoint") == start), None)
-            or next((w for w in warmups if w["id"] == "warmup"), None))
+            or next((w for w in warmups if w["id"] == WARMUP_ID), None))
 
 
 def against_warmup(trial: Trial, warmup: Trial | None) -> Estimate | None:

@@ -27,6 +27,7 @@ from autoresearch.study.decision_text import decision_text
 from autoresearch.study.decisions import ErrorBudget, KeepRule, paired_items
 from autoresearch.study.journal import Journal
 from autoresearch.study.space import config_diff
+from autoresearch.study.spec import WARMUP_ID
 
 SPARKS = "▁▂▃▄▅▆▇█"
 FINISHED = ("done", "kept", "discarded")
@@ -407,7 +408,7 @@ def _one_warmup_blocks(journal: Journal, row: dict[str, Any], several: bool) -> 
             ["after the warm-up", str(acc["after"])],
             ["after - before (paired, 95% CI)", _diff(gain)]]))
     if row.get("checkpoint"):
-        who = ("Every trial that chooses it" if row["id"] != "warmup" else
+        who = ("Every trial that chooses it" if row["id"] != WARMUP_ID else
                "Every trial that chooses no other warm-up" if several else "Every trial")
         blocks.append(Block("p", f"{who} starts from {row['checkpoint']}."))
     return blocks

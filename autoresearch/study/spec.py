@@ -155,6 +155,8 @@ WARMUP_DIMENSION = "warmup"
 """The search-space dimension that picks which declared warm-up a trial forks from."""
 PRIMARY_WARMUP = "default"
 """The name of the study's own `warmup` among its warm-up choices."""
+WARMUP_ID = "warmup"
+"""The journal id of the study's own warm-up trial; a declared choice's is `warmup-<name>`."""
 
 
 class Study(_Strict):
@@ -256,14 +258,14 @@ class Study(_Strict):
                       if self.warmup is not None else {})
         return SearchSpace(self.search_space, self.trial_base(init_checkpoint), dimensions)
 
-    def warmup_spec(self, name: str = "default") -> WarmupSpec:
+    def warmup_spec(self, name: str = PRIMARY_WARMUP) -> WarmupSpec:
         if self.warmup is None:
             raise ValueError("the study declares no warm-up")
         if name == PRIMARY_WARMUP:
             return self.warmup
         return self.warmup_choices[name]
 
-    def warmup_trial(self, name: str = "default") -> TrialConfig:
+    def warmup_trial(self, name: str = PRIMARY_WARMUP) -> TrialConfig:
         """The warm-up (the default one, or the declared choice `name`) as a trial: the base
         trial's model, data and dev tasks, the warm-up's training; scored on dev before and
         after (no test split)."""

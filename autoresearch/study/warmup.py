@@ -45,11 +45,10 @@ from autoresearch.study.cache_files import (
 )
 from autoresearch.study.executors.base import Executor, StepSink, TrialJob
 from autoresearch.study.journal import Journal
-from autoresearch.study.spec import PRIMARY_WARMUP, WARMUP_DIMENSION, Study
+from autoresearch.study.spec import PRIMARY_WARMUP, WARMUP_DIMENSION, WARMUP_ID, Study
 
 log = logging.getLogger(__name__)
 
-WARMUP_ID = "warmup"
 ENTRY_FILE = "warmup.json"
 
 
