@@ -115,6 +115,7 @@ def behaviour_logprobs(
     groups: list[list[Any]],
     temperature: float,
     top_p: float = 1.0,
+    used: list[bool] | None = None,
 ) -> list[list[list[float]]]:
     """Per sample, the logprobs of its tokens under the sampling weights at temperature 1.
 
@@ -122,20 +123,26 @@ def behaviour_logprobs(
     (tempered, and renormalised over the tokens a top-p filter kept), while the trainer scores
     the unfiltered T = 1 distribution. Importance ratios, PPO's clip, the KL penalty and the
     sampler-trainer KL must compare one distribution, so the old-policy logprobs are the T = 1
-    ones: what the sampler reported when T = 1 with no filter, recomputed (one scoring pass per
-    sample, all submitted at once) otherwise. Temperature and top-p then only shape which
-    samples are drawn (exploration).
+    ones: what the sampler reported when T = 1 with no filter, recomputed otherwise. Temperature
+    and top-p then only shape which samples are drawn (exploration).
+
+    The recomputation scores only what training reads: the completion's tokens
+    (`prompt_logprobs_last_n`, so the prompt's positions cost no output head) of the groups
+    `used` marks (a group dropped for constant rewards gets empty lists). All requests are
+    submitted at once, so the server packs a group's shared prompt into one forward.
     """
     if temperature == 1.0 and top_p >= 1.0:
         return [[[float(x) for x in seq.logprobs] for seq in group] for group in groups]
+    wanted = used if used is not None else [True] * len(groups)
     futures = [
         [
-            sampler.compute_logprobs(types.ModelInput.from_ints(prompt + list(seq.tokens)))
-            if seq.tokens
+            sampler.compute_logprobs(types.ModelInput.from_ints(prompt + list(seq.tokens)),
+                                     prompt_logprobs_last_n=len(seq.tokens))
+            if seq.tokens and keep
             else None
             for seq in group
         ]
-        for prompt, group in zip(prompts, groups)
+        for prompt, group, keep in zip(prompts, groups, wanted)
     ]
     out = []
     for prompt, group_futures in zip(prompts, futures):
@@ -458,13 +465,13 @@ class Trial:
         t1 = time.time()
         scores: list[list[ScoreResult]] = [[f.result() for f in fs] for fs in score_futures]
         timings["score_wait_s"] = time.time() - t1
-        t_behaviour = time.time()
-        behaviour = behaviour_logprobs(sampler, prompts, groups, rl.temperature, rl.top_p)
-        timings["behaviour_s"] = time.time() - t_behaviour
         used = [
             not (rl.drop_constant_groups and is_constant([r.total for r in results]))
             for results in scores
         ]
+        t_behaviour = time.time()
+        behaviour = behaviour_logprobs(sampler, prompts, groups, rl.temperature, rl.top_p, used)
+        timings["behaviour_s"] = time.time() - t_behaviour
         t_ref = time.time()
         reference_lps = self._reference_logprobs(reference, prompts, groups, used)
         if reference is not None:
@@ -550,12 +557,13 @@ class Trial:
         """The reference model's logprobs of every sampled completion, keyed (group, sample).
 
         All requests are submitted before any is awaited, so the server batches them instead of
-        answering one blocking round trip per sequence.
+        answering one blocking round trip per sequence; each scores only its completion.
         """
         if reference is None:
             return {}
         futures = {
-            (g, k): reference.compute_logprobs(types.ModelInput.from_ints(prompts[g] + seq.tokens))
+            (g, k): reference.compute_logprobs(types.ModelInput.from_ints(prompts[g] + seq.tokens),
+                                               prompt_logprobs_last_n=len(seq.tokens))
             for g, sequences in enumerate(groups)
             if used[g]
             for k, seq in enumerate(sequences)

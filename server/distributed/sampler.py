@@ -140,7 +140,9 @@ class SamplerWorker:
                          int(spec["num_samples"]), SamplingParams(**spec["params"]),
                          prompt_logprobs=bool(spec["prompt_logprobs"]),
                          topk_prompt_logprobs=int(spec["topk_prompt_logprobs"]),
-                         topk_sample_logprobs=int(spec["topk_sample_logprobs"]))
+                         topk_sample_logprobs=int(spec["topk_sample_logprobs"]),
+                         # A payload queued by a gateway from before the field scores it all.
+                         prompt_logprobs_last_n=spec.get("prompt_logprobs_last_n"))
 
     def run_once(self, block_seconds: float = 0.0) -> int:
         """Take up to `max_rows` jobs, sample them together, store their results."""

@@ -313,6 +313,7 @@ class DistributedService(TrainingService):
             "prompt_logprobs": job.prompt_logprobs,
             "topk_prompt_logprobs": job.topk_prompt_logprobs,
             "topk_sample_logprobs": job.topk_sample_logprobs,
+            "prompt_logprobs_last_n": job.prompt_logprobs_last_n,
         }
         pipe = self.redis.redis.pipeline(transaction=True)
         pipe.set(self.keys.sample(request_id), json.dumps(payload))

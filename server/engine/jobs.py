@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from server.engine.lora import AdapterWeights
-from server.protocol.codec import Datum
+from server.protocol.codec import Datum, SampleResult
 
 
 class UserError(ValueError):
@@ -71,6 +71,11 @@ class SamplingParams:
     stop: list[str] | list[int] | None = None
 
 
+TOPK_PAD_ID = 0
+TOPK_PAD_LOGPROB = -99999.0
+"""A top-k row of (TOPK_PAD_ID, TOPK_PAD_LOGPROB) pairs is a position the SDK reads as None."""
+
+
 @dataclass
 class SampleJob:
     adapter: AdapterWeights | None
@@ -80,6 +85,9 @@ class SampleJob:
     prompt_logprobs: bool = False
     topk_prompt_logprobs: int = 0
     topk_sample_logprobs: int = 0
+    prompt_logprobs_last_n: int | None = None
+    """Score only the prompt's last N tokens (the SDK's `prompt_logprobs_last_n`): earlier
+    positions come back unscored (NaN, top-k rows of padding) and cost no output head."""
     first_sample: int = 0
     """Index of this job's first sample within its request: a request wider than one decode
     batch is decoded as several jobs, and each row keeps the random stream of its index."""
@@ -96,3 +104,27 @@ class EngineStats:
     sample_batches: int = 0
     last_batch_rows: int = 0
     started: float = field(default_factory=time.monotonic)
+
+
+def first_scored_position(job: SampleJob) -> int:
+    """The first prompt position whose logprob a job asks for (position 0 never has one)."""
+    if job.prompt_logprobs_last_n is None:
+        return 1
+    return max(1, len(job.prompt) - job.prompt_logprobs_last_n)
+
+
+def mask_unscored(result: SampleResult, job: SampleJob) -> SampleResult:
+    """`result` with the prompt positions before the requested suffix unscored, for a backend
+    that scored the whole prompt: NaN logprobs (the SDK's None) and all-padding top-k rows."""
+    first = first_scored_position(job)
+    if first <= 1:
+        return result
+    if result.prompt_logprobs is not None:
+        values = np.array(result.prompt_logprobs, dtype=np.float32)
+        values[:first] = np.nan
+        result.prompt_logprobs = values
+    if result.topk_prompt is not None:
+        ids, lps = (np.array(a) for a in result.topk_prompt)
+        ids[:first], lps[:first] = TOPK_PAD_ID, TOPK_PAD_LOGPROB
+        result.topk_prompt = (ids, lps)
+    return result

@@ -17,6 +17,7 @@ from server.engine import invariant_attention, losses, packed_attention, prefix_
 from server.engine.invariance import row_invariant
 from server.engine.jobs import ForwardBackwardJob
 from server.engine.lora import RowGroup, routing
+from server.engine.scoring import UNSCORED_TARGET
 from server.engine.training import _pad, _routed_adapter, padded_batches
 
 
@@ -122,15 +123,17 @@ class PackedTraining:
             n, kk = targets.shape
             depth = max(depth, kk)
             where = compact[torch.from_numpy(k * width + packed[k].columns[m])].numpy()
-            pairs["pos"].append(np.repeat(where, kk))
-            pairs["tgt"].append(targets.reshape(-1).astype(np.int64))
-            pairs["b"].append(np.full(n * kk, b))
-            pairs["t"].append(np.repeat(np.arange(n), kk))
-            pairs["k"].append(np.tile(np.arange(kk), n))
+            flat_targets = targets.reshape(-1).astype(np.int64)
+            kept = flat_targets != UNSCORED_TARGET
+            pairs["pos"].append(np.repeat(where, kk)[kept])
+            pairs["tgt"].append(flat_targets[kept])
+            pairs["b"].append(np.full(n * kk, b)[kept])
+            pairs["t"].append(np.repeat(np.arange(n), kk)[kept])
+            pairs["k"].append(np.tile(np.arange(kk), n)[kept])
             if job.forward_only:
-                pairs["on"].append(np.zeros(n * kk, dtype=bool))
+                pairs["on"].append(np.zeros(int(kept.sum()), dtype=bool))
             else:
-                pairs["on"].append(_active_pairs(job.loss_fn, datum.inputs, n, kk))
+                pairs["on"].append(_active_pairs(job.loss_fn, datum.inputs, n, kk)[kept])
         flat = {name: torch.from_numpy(np.concatenate(parts)) for name, parts in pairs.items()}
         pos, tgt = flat["pos"], flat["tgt"]
         needs_grad = any(not jobs[rows[d][0]].forward_only for _, _, d in members)
@@ -149,11 +152,14 @@ class PackedTraining:
             active[pos[flat["on"]]] = True
             if not (needs_grad and bool(active.any())):
                 active[:] = False
+            read = torch.zeros(n_pos, dtype=torch.bool)
+            read[pos] = True
             # Each position goes through the head once without gradients if no loss term reads
-            # it, else once with them (checkpointed): never both, never once per datum.
+            # it, else once with them (checkpointed): never both, never once per datum, and
+            # never where no target is scored.
             values = torch.zeros(len(pos), dtype=torch.float32, device=dev)
             for with_grad in (False, True):
-                subset = active if with_grad else ~active
+                subset = active if with_grad else read & ~active
                 if bool(subset.any()):
                     with torch.set_grad_enabled(with_grad):
                         values = self._subset_logprobs(

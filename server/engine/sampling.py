@@ -17,9 +17,17 @@ import torch
 
 from server.engine import decoding, host_decoding, invariant_attention
 from server.engine.invariance import row_invariant
-from server.engine.jobs import ForwardBackwardJob, RunState, SampleJob, UserError
+from server.engine.jobs import (
+    TOPK_PAD_ID,
+    TOPK_PAD_LOGPROB,
+    ForwardBackwardJob,
+    RunState,
+    SampleJob,
+    UserError,
+    first_scored_position,
+)
 from server.engine.lora import AdapterWeights, RowGroup, routing
-from server.engine.scoring import HEAD_CHUNK
+from server.engine.scoring import HEAD_CHUNK, UNSCORED_TARGET
 from server.protocol.codec import Datum, SampledSequence, SampleResult
 
 DEFAULT_MAX_TOKENS = 256
@@ -75,6 +83,14 @@ class Sampling:
             p.top_k = -1
         if len(job.prompt) + self._max_new(job) > self.max_context:
             raise UserError(f"prompt plus max_tokens exceeds the context of {self.max_context}")
+        last_n = job.prompt_logprobs_last_n
+        if last_n is not None:
+            if not (job.prompt_logprobs or job.topk_prompt_logprobs):
+                raise UserError("prompt_logprobs_last_n applies to prompt logprobs; ask for "
+                                "prompt_logprobs or topk_prompt_logprobs too")
+            if not 1 <= last_n <= len(job.prompt) - 1:
+                raise UserError(f"prompt_logprobs_last_n must be between 1 and "
+                                f"{len(job.prompt) - 1} (the prompt's length - 1), got {last_n}")
         top = job.topk_prompt_logprobs
         if not 0 <= top <= MAX_TOPK_PROMPT_LOGPROBS:
             raise UserError(
@@ -107,33 +123,39 @@ class Sampling:
 
     @torch.inference_mode()
     def prompt_logprobs(
-        self, adapter: AdapterWeights | None, prompt: list[int], topk: int = 0
+        self, adapter: AdapterWeights | None, prompt: list[int], topk: int = 0,
+        scored_from: int = 1,
     ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
-        """Logprob of each prompt token given its prefix (NaN at position 0), untempered.
+        """Logprob of each prompt token given its prefix (NaN at position 0, and before
+        `scored_from`), untempered.
 
         The body runs once; the vocabulary-wide head runs `HEAD_CHUNK` positions at a time, so
-        memory holds one chunk's logits whatever the prompt's length.
+        memory holds one chunk's logits whatever the prompt's length, and only over the
+        positions asked for.
         """
         tokens = torch.tensor([prompt], device=self.device)
         groups = [RowGroup(adapter, 0, 1)]
         with routing(groups):
             hidden = self._body(input_ids=tokens, use_cache=False).last_hidden_state[:, :-1]
+        hidden = hidden[:, scored_from - 1 :]
         picked, top_ids, top_lps = [], [], []
         for first in range(0, hidden.shape[1], HEAD_CHUNK):
             # `[1, chunk, H]`: the routing's rows are the batch's, not its positions.
             logp = self._vocab_logprobs(hidden[:, first : first + HEAD_CHUNK], groups)[0]
-            targets = tokens[0, 1 + first : 1 + first + logp.shape[0], None]
+            at = scored_from + first
+            targets = tokens[0, at : at + logp.shape[0], None]
             picked.append(torch.gather(logp, -1, targets)[:, 0])
             if topk > 0:
                 lp, ids = torch.topk(logp, min(topk, logp.shape[-1]), dim=-1)
                 top_lps.append(lp)
                 top_ids.append(ids)
-        values = np.concatenate([[np.nan], *(p.cpu().numpy() for p in picked)]).astype(np.float32)
+        unscored = np.full(scored_from, np.nan)
+        values = np.concatenate([unscored, *(p.cpu().numpy() for p in picked)]).astype(np.float32)
         top = None
         if topk > 0:
             width = min(topk, self.vocab_size)
-            pad_ids = np.zeros((1, width), dtype=np.int32)
-            pad_lp = np.full((1, width), -99999.0, dtype=np.float32)
+            pad_ids = np.full((scored_from, width), TOPK_PAD_ID, dtype=np.int32)
+            pad_lp = np.full((scored_from, width), TOPK_PAD_LOGPROB, dtype=np.float32)
             top = (
                 np.concatenate([pad_ids, *(i.cpu().numpy().astype(np.int32) for i in top_ids)]),
                 np.concatenate([pad_lp, *(v.cpu().numpy().astype(np.float32) for v in top_lps)]),
@@ -162,7 +184,7 @@ class Sampling:
                 continue
             if job.prompt_logprobs or job.topk_prompt_logprobs:
                 values, top = self.prompt_logprobs(
-                    job.adapter, job.prompt, job.topk_prompt_logprobs
+                    job.adapter, job.prompt, job.topk_prompt_logprobs, first_scored_position(job)
                 )
                 result.prompt_logprobs = values if job.prompt_logprobs else None
                 result.topk_prompt = top
@@ -182,16 +204,20 @@ class Sampling:
 
     def _shared_prompt_logprobs(self, jobs: list[SampleJob]) -> list[np.ndarray]:
         """`prompt_logprobs` of many prompts in packed forwards: prompts of one adapter that
-        share a prefix (a group's samples scored against a reference) compute it once."""
-        scoring = [
-            ForwardBackwardJob(
+        share a prefix (a group's samples scored against a reference) compute it once, and
+        positions before a job's `prompt_logprobs_last_n` get no target, so no head."""
+        scoring = []
+        for job in jobs:
+            targets = np.asarray(job.prompt[1:], dtype=np.int64)
+            targets[: first_scored_position(job) - 1] = UNSCORED_TARGET
+            scoring.append(ForwardBackwardJob(
                 # Scoring only: never stepped, so no optimizer.
                 RunState(job.adapter, None),  # type: ignore[arg-type]
                 [
                     Datum(
                         np.asarray(job.prompt[:-1], dtype=np.int64),
                         {
-                            "target_tokens": np.asarray(job.prompt[1:], dtype=np.int64),
+                            "target_tokens": targets,
                             "weights": np.zeros(len(job.prompt) - 1, dtype=np.float32),
                         },
                     )
@@ -199,15 +225,15 @@ class Sampling:
                 "cross_entropy",
                 {},
                 True,
-            )
-            for job in jobs
-        ]
+            ))
         per_row_lp: dict[tuple[int, int], np.ndarray] = {}
         self._forward_packed(scoring, [(j, 0) for j in range(len(jobs))], per_row_lp, {})
-        return [
-            np.concatenate([[np.nan], per_row_lp[(j, 0)]]).astype(np.float32)
-            for j in range(len(jobs))
-        ]
+        out = []
+        for j, job in enumerate(jobs):
+            values = np.concatenate([[np.nan], per_row_lp[(j, 0)]]).astype(np.float32)
+            values[: first_scored_position(job)] = np.nan
+            out.append(values)
+        return out
 
     def _decode(self, jobs: list[SampleJob]) -> list[list[SampledSequence]]:
         """Decode every job's rows together; finished rows leave the batch as they pile up.

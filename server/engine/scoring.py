@@ -18,6 +18,10 @@ from server.engine.lora import RowGroup, routing
 HEAD_CHUNK = 512
 """Positions per output-head chunk (bounds the vocabulary-wide tensors: about 1 MiB per
 position each on Gemma's 262k vocabulary)."""
+UNSCORED_TARGET = -1
+"""An internal scoring job's target at a position nobody asked about: the pair is dropped, and
+a position no pair reads skips the output head. Users' targets are checked against the
+vocabulary, so theirs never carry it."""
 
 
 class HeadScoring:

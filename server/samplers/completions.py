@@ -24,12 +24,9 @@ from typing import Any
 import numpy as np
 
 from server.engine.engine import DEFAULT_MAX_TOKENS, SampleJob
+from server.engine.jobs import TOPK_PAD_ID, TOPK_PAD_LOGPROB
 from server.protocol.codec import SampledSequence
 from server.samplers.openai_http import VLLMError
-
-TOPK_PAD_ID = 0
-TOPK_PAD_LOGPROB = -99999.0
-"""Padding of top-k matrices, as the Tinker protocol and the torch sampler use."""
 
 
 class ResponseError(VLLMError):

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Protocol
 
 from server.engine.engine import Engine, SampleJob
+from server.engine.jobs import mask_unscored
 from server.engine.lora import ATTN_MODULES, MLP_MODULES
 from server.engine.model_loading import default_cache_dir
 from server.protocol.codec import SampledSequence, SampleResult
@@ -273,6 +274,7 @@ class VLLMSampler:
             values, top = parse_prompt_logprobs(prompt_answer, job)
             result.prompt_logprobs = values if job.prompt_logprobs else None
             result.topk_prompt = top
+            mask_unscored(result, job)  # vLLM scores the whole prompt; answer what was asked
         return result
 
     def _complete(self, body: dict, adapter: PublishedAdapter | None) -> dict:

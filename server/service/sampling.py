@@ -107,6 +107,9 @@ class SamplingRequests(ServiceCore):
             topk_prompt_logprobs=integer(
                 body.get("topk_prompt_logprobs") or 0, "topk_prompt_logprobs"
             ),
+            prompt_logprobs_last_n=optional_integer(
+                body.get("prompt_logprobs_last_n"), "prompt_logprobs_last_n"
+            ),
         )
         recording = bool(body.get("record_stability_info"))
         if recording and not NEEDS_SAMPLING_RECORD & LOSSES.keys():
