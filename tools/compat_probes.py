@@ -671,7 +671,14 @@ def _compute_logprobs(ws: Workspace, call: Call) -> str:
     expect(all(math.isfinite(x) and x <= 0 for x in rest), "logprobs not finite and <= 0")
     diff = max_diff(rest, ws.base_logprobs)
     expect(diff < CROSS_PATH, f"differs from a training forward by {diff:.2e}")
-    return "None, then one float per prompt token, equal to a training forward's logprobs."
+    # The SDK itself fails the call if earlier positions come back scored.
+    last = call(ws.base_sampler, tinker.ModelInput.from_ints(PROMPT), prompt_logprobs_last_n=3)
+    expect(len(last) == len(PROMPT) and all(v is None for v in last[:-3]),
+           f"prompt_logprobs_last_n=3 scored {sum(v is not None for v in last)} positions")
+    diff = max_diff([float(v) for v in last[-3:]], rest[-3:])
+    expect(diff < CROSS_PATH, f"the last 3 differ from the whole prompt's by {diff:.2e}")
+    return ("None, then one float per prompt token, equal to a training forward's logprobs; "
+            "with prompt_logprobs_last_n=3, None but for the last 3, which equal those.")
 
 
 @probe("SamplingClient", "get_base_model")

@@ -106,6 +106,10 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
         self.device_sampling = device_sampling
         """Choose tokens where the logits are (see `decoding`); off: the host-side loop of
         `host_decoding`, kept as the reference a benchmark compares with."""
+        self.first_token_from_scoring = True
+        """A one-token request that also asks for its prompt's logprobs (`compute_logprobs`)
+        draws its token from the scoring forward under invariance; off: a second prefill, as
+        before (kept as the reference a benchmark compares with)."""
         self._layer_types = set(getattr(config, "layer_types", None) or [])
         sliding_window = getattr(config, "sliding_window", None)
         self._windows = {

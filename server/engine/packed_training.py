@@ -35,8 +35,10 @@ class PackedTraining:
         rows: list[tuple[int, int]],
         per_row_lp: dict[tuple[int, int], np.ndarray],
         per_row_loss: dict[tuple[int, int], float],
+        last_hidden: dict[tuple[int, int], torch.Tensor] | None = None,
     ) -> None:
-        """All rows through packed micro-batches; datums share a row only within one adapter."""
+        """All rows through packed micro-batches; datums share a row only within one adapter.
+        With `last_hidden`, each row's final hidden state is kept there too (detached)."""
         packed = prefix_sharing.plan_rows(
             [jobs[j].data[i].tokens for j, i in rows],
             [(id(_routed_adapter(jobs[j])), jobs[j].forward_only) for j, _ in rows],
@@ -48,7 +50,7 @@ class PackedTraining:
         # Backward runs inside too: the head's checkpointed chunks recompute under the same rule.
         with row_invariant(self.batch_invariant):
             for part in padded_batches(packed, lengths, self.tokens_per_microbatch):
-                self._run_packed(jobs, rows, part, per_row_lp, per_row_loss)
+                self._run_packed(jobs, rows, part, per_row_lp, per_row_loss, last_hidden)
 
     def _packed_inputs(
         self, packed: list[prefix_sharing.PackedRow]
@@ -85,6 +87,7 @@ class PackedTraining:
         packed: list[prefix_sharing.PackedRow],
         per_row_lp: dict[tuple[int, int], np.ndarray],
         per_row_loss: dict[tuple[int, int], float],
+        last_hidden: dict[tuple[int, int], torch.Tensor] | None = None,
     ) -> None:
         """One micro-batch of packed rows: the shared-prefix twin of `_run_microbatch`.
 
@@ -113,7 +116,9 @@ class PackedTraining:
         # The datums of this micro-batch, and one (position, target) pair per scored target.
         members = [(k, m, d) for k, row in enumerate(packed) for m, d in enumerate(row.members)]
         lengths = [len(jobs[rows[d][0]].data[rows[d][1]].tokens) for _, _, d in members]
-        pairs: dict[str, list[np.ndarray]] = {n: [] for n in ("pos", "tgt", "b", "t", "k", "on")}
+        pairs: dict[str, list[np.ndarray]] = {
+            n: [] for n in ("pos", "tgt", "b", "t", "k", "on", "last")
+        }
         depth = 1
         for b, (k, m, d) in enumerate(members):
             j, i = rows[d]
@@ -123,6 +128,7 @@ class PackedTraining:
             n, kk = targets.shape
             depth = max(depth, kk)
             where = compact[torch.from_numpy(k * width + packed[k].columns[m])].numpy()
+            pairs["last"].append(where[-1:])
             flat_targets = targets.reshape(-1).astype(np.int64)
             kept = flat_targets != UNSCORED_TARGET
             pairs["pos"].append(np.repeat(where, kk)[kept])
@@ -148,6 +154,9 @@ class PackedTraining:
                 ).last_hidden_state
             hidden = hidden.reshape(n_rows * width, -1)[flat_real.to(dev)]
             n_pos = hidden.shape[0]
+            if last_hidden is not None:
+                for b, (_, _, d) in enumerate(members):
+                    last_hidden[rows[d]] = hidden[int(flat["last"][b])].detach()
             active = torch.zeros(n_pos, dtype=torch.bool)
             active[pos[flat["on"]]] = True
             if not (needs_grad and bool(active.any())):

@@ -52,6 +52,7 @@ class Sampling:
     eos_ids: set[int]
     share_prefixes: bool
     device_sampling: bool
+    first_token_from_scoring: bool
     batch_invariant: bool
     _can_pack: bool
     _windows: dict[str, int | None]
@@ -172,11 +173,21 @@ class Sampling:
             for j, job in enumerate(jobs)
             if job.prompt_logprobs and not job.topk_prompt_logprobs and len(job.prompt) > 1
         ]
+        first_logits: dict[int, torch.Tensor] = {}
         if together and self.share_prefixes and self._can_pack:
             # Invariant too when fused: packed rows then attend per view (`invariant_attention`).
-            scored = self._shared_prompt_logprobs([jobs[j] for j in together])
+            # A one-token request (the SDK's compute_logprobs) takes its token from the same
+            # forward: under invariance its last position's logits are the prefill's, bit for
+            # bit, so the prompt is not run through the body a second time.
+            one_token = [k for k, j in enumerate(together)
+                         if self.batch_invariant and self.first_token_from_scoring
+                         and self._max_new(jobs[j]) == 1]
+            scored, last = self._shared_prompt_logprobs([jobs[j] for j in together], one_token)
             for j, values in zip(together, scored):
                 results[j].prompt_logprobs = values
+            if one_token:
+                logits = self._last_logits([jobs[together[k]] for k in one_token], last)
+                first_logits = {together[k]: logits[i] for i, k in enumerate(one_token)}
         else:
             together = []
         for j, (job, result) in enumerate(zip(jobs, results)):
@@ -194,6 +205,12 @@ class Sampling:
                 results[j].sequences = [
                     SampledSequence([], [], False) for _ in range(job.num_samples)
                 ]
+        prefilled = [(j, job) for j, job in to_decode if j in first_logits]
+        to_decode = [(j, job) for j, job in to_decode if j not in first_logits]
+        for batch in _decode_batches(prefilled, MAX_DECODE_ROWS):
+            logits = torch.stack([first_logits[j] for j, _ in batch])
+            for (j, _), seqs in zip(batch, self._decode([job for _, job in batch], logits)):
+                results[j].sequences.extend(seqs)
         for batch in _decode_batches(to_decode, MAX_DECODE_ROWS):
             sequences = self._decode([job for _, job in batch])
             for (j, _), seqs in zip(batch, sequences):
@@ -202,41 +219,63 @@ class Sampling:
         self.stats.sample_batches += 1
         return results
 
-    def _shared_prompt_logprobs(self, jobs: list[SampleJob]) -> list[np.ndarray]:
+    def _shared_prompt_logprobs(
+        self, jobs: list[SampleJob], with_last: list[int] | None = None
+    ) -> tuple[list[np.ndarray], dict[int, torch.Tensor]]:
         """`prompt_logprobs` of many prompts in packed forwards: prompts of one adapter that
         share a prefix (a group's samples scored against a reference) compute it once, and
-        positions before a job's `prompt_logprobs_last_n` get no target, so no head."""
+        positions before a job's `prompt_logprobs_last_n` get no target, so no head.
+
+        The jobs `with_last` names also run their prompt's last token (unscored) and get its
+        hidden state back: what the first decoding step reads."""
+        wanted = set(with_last or ())
         scoring = []
-        for job in jobs:
-            targets = np.asarray(job.prompt[1:], dtype=np.int64)
-            targets[: first_scored_position(job) - 1] = UNSCORED_TARGET
+        for j, job in enumerate(jobs):
+            last = j in wanted
+            tokens = np.asarray(job.prompt if last else job.prompt[:-1], dtype=np.int64)
+            targets = np.full(len(tokens), UNSCORED_TARGET, dtype=np.int64)
+            first = first_scored_position(job)
+            targets[first - 1 : len(job.prompt) - 1] = job.prompt[first:]
             scoring.append(ForwardBackwardJob(
                 # Scoring only: never stepped, so no optimizer.
                 RunState(job.adapter, None),  # type: ignore[arg-type]
-                [
-                    Datum(
-                        np.asarray(job.prompt[:-1], dtype=np.int64),
-                        {
-                            "target_tokens": targets,
-                            "weights": np.zeros(len(job.prompt) - 1, dtype=np.float32),
-                        },
-                    )
-                ],
+                [Datum(tokens, {"target_tokens": targets,
+                                "weights": np.zeros(len(tokens), dtype=np.float32)})],
                 "cross_entropy",
                 {},
                 True,
             ))
         per_row_lp: dict[tuple[int, int], np.ndarray] = {}
-        self._forward_packed(scoring, [(j, 0) for j in range(len(jobs))], per_row_lp, {})
+        hidden: dict[tuple[int, int], torch.Tensor] = {}
+        self._forward_packed(scoring, [(j, 0) for j in range(len(jobs))], per_row_lp, {},
+                             hidden if wanted else None)
         out = []
         for j, job in enumerate(jobs):
-            values = np.concatenate([[np.nan], per_row_lp[(j, 0)]]).astype(np.float32)
-            values[: first_scored_position(job)] = np.nan
+            lp = per_row_lp[(j, 0)][: len(job.prompt) - 1]
+            values = np.concatenate([[np.nan], lp]).astype(np.float32)
+            values[:first_scored_position(job)] = np.nan
             out.append(values)
-        return out
+        return out, {j: hidden[(j, 0)] for j in wanted}
 
-    def _decode(self, jobs: list[SampleJob]) -> list[list[SampledSequence]]:
+    def _last_logits(self, jobs: list[SampleJob], hidden: dict[int, torch.Tensor]
+                     ) -> torch.Tensor:
+        """`[jobs, vocab]` next-token logits from each job's last hidden state, computed as
+        `_prefill_aligned` computes them (the same head call, rows routed to their adapters)."""
+        rows = torch.stack([hidden[k] for k in sorted(hidden)])[:, None]
+        groups = [RowGroup(job.adapter, j, j + 1) for j, job in enumerate(jobs)]
+        with routing(groups), row_invariant():
+            logits = self._head(rows)[:, -1]
+        if self._softcap:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return logits
+
+    def _decode(
+        self, jobs: list[SampleJob], first_logits: torch.Tensor | None = None
+    ) -> list[list[SampledSequence]]:
         """Decode every job's rows together; finished rows leave the batch as they pile up.
+
+        `first_logits` (one row per job) stand in for the prefill where every job wants one
+        token: nothing then reads a cache, so none is built.
 
         Each row draws from its own random stream (seeded from its job's seed and its index in
         the job), so the randomness a row uses does not depend on which other requests shared
@@ -272,7 +311,11 @@ class Sampling:
         live = list(range(rows))  # batch row k decodes original row live[k]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         expand = torch.tensor(owners, device=self.device)
-        if self.batch_invariant:
+        cache: object = None
+        if first_logits is not None:
+            assert all(n == 1 for n in max_new), "first_logits serve one-token requests only"
+            logits = first_logits
+        elif self.batch_invariant:
             cache, logits = self._prefill_aligned(jobs)
         else:
             # One prefill per request, not per sample: a request's rows share its prompt and
@@ -286,8 +329,8 @@ class Sampling:
                     logits_to_keep=1,
                 )
             cache, logits = _cache_of(out), out.logits[:, -1]
-        if rows != len(jobs):
-            cache.batch_select_indices(expand)
+        if rows != len(jobs) and cache is not None:
+            cache.batch_select_indices(expand)  # type: ignore[attr-defined]
         logits = logits[expand]
         mask, positions = mask[expand], positions[expand]
         step = 0

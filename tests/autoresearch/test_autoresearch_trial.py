@@ -16,7 +16,7 @@ import pytest
 
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.record import TrialRecord
-from autoresearch.rl.trial import rl_datum, run_trial, supervised_datum
+from autoresearch.rl.trial import behaviour_logprobs, rl_datum, run_trial, supervised_datum
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DETERMINISTIC_STEP_FIELDS = (
@@ -68,6 +68,43 @@ def test_rl_datum_aligns_sampler_logprobs_and_advantages_with_the_sampled_tokens
     assert datum.loss_fn_inputs["target_tokens"].tolist() == [2, 3, 7, 8]
     assert datum.loss_fn_inputs["logprobs"].tolist() == [0.0, 0.0, -0.5, -1.5]
     assert datum.loss_fn_inputs["advantages"].tolist() == [0.0, 0.0, 0.25, 0.25]
+
+
+class _ScoringSampler:
+    """Answers compute_logprobs like a server that honours prompt_logprobs_last_n, and counts."""
+
+    def __init__(self):
+        self.asked: list[tuple[list[int], int | None]] = []
+
+    def compute_logprobs(self, prompt, prompt_logprobs_last_n=None):
+        from concurrent.futures import Future
+
+        tokens = prompt.to_ints()
+        self.asked.append((tokens, prompt_logprobs_last_n))
+        n = prompt_logprobs_last_n or len(tokens) - 1
+        future: Future = Future()
+        future.set_result([None] * (len(tokens) - n) + [-0.1 * t for t in tokens[-n:]])
+        return future
+
+
+class _Seq:
+    def __init__(self, tokens):
+        self.tokens, self.logprobs = tokens, [-9.0] * len(tokens)
+
+
+def test_behaviour_logprobs_rescore_only_the_completions_of_groups_that_train():
+    """Away from T = 1 the old-policy logprobs are re-scored: only completions (the prompt's
+    positions are never read) and only of groups not dropped for constant rewards."""
+    sampler = _ScoringSampler()
+    prompts = [[1, 2, 3], [4, 5]]
+    groups = [[_Seq([7, 8]), _Seq([])], [_Seq([9])]]
+    out = behaviour_logprobs(sampler, prompts, groups, 0.7, used=[True, False])  # type: ignore[arg-type]
+    assert sampler.asked == [([1, 2, 3, 7, 8], 2)]
+    assert out[0][0] == pytest.approx([-0.7, -0.8])
+    assert out[0][1] == [] and out[1] == [[]]
+    # At T = 1 with no filter the sampler's own logprobs are the T = 1 ones: nothing is asked.
+    assert behaviour_logprobs(sampler, prompts, groups, 1.0)[1] == [[-9.0]]  # type: ignore[arg-type]
+    assert len(sampler.asked) == 1
 
 
 def test_a_trial_runs_end_to_end_and_records_every_step(

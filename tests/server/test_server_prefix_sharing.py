@@ -340,3 +340,122 @@ def test_the_output_head_scores_each_distinct_position_once(engine, monkeypatch)
     # Forward scores each distinct position once; backward recomputes the chunks of the
     # positions with gradients (checkpointing) once more.
     assert sum(scored) == distinct + active
+
+
+def test_prompt_logprobs_last_n_scores_only_the_suffix_and_matches(engine, monkeypatch):
+    """`prompt_logprobs_last_n` (the SDK's): the last N positions equal a whole-prompt score,
+    earlier ones are unscored (NaN, the SDK's None), and only the N positions (once per shared
+    prompt, not per sample) go through the vocabulary-wide head."""
+    from server.engine.engine import SampleJob, SamplingParams
+
+    rng = np.random.default_rng(8)
+    prompt = list(rng.integers(5, engine.vocab_size, size=20))
+    adapter = new_state(engine, 11).adapter
+    completions = [list(rng.integers(5, engine.vocab_size, size=n)) for n in (5, 3, 8)]
+
+    def jobs(last: bool) -> list[SampleJob]:
+        return [SampleJob(adapter, prompt + c, 1, SamplingParams(max_tokens=0),
+                          prompt_logprobs=True,
+                          prompt_logprobs_last_n=len(c) if last else None)
+                for c in completions]
+
+    engine.share_prefixes = True
+    whole = engine.sample(jobs(False))
+    scored = []
+    original = engine._gather_head
+
+    def counting(hidden, *rest):
+        scored.append(hidden.shape[0])
+        return original(hidden, *rest)
+
+    monkeypatch.setattr(engine, "_gather_head", counting)
+    suffix = engine.sample(jobs(True))
+    # The prompt's last position (it predicts every completion's first token) is shared.
+    assert sum(scored) == 1 + sum(len(c) - 1 for c in completions)
+    same = (np.testing.assert_array_equal if engine.batch_invariant else
+            lambda a, b: np.testing.assert_allclose(a, b, rtol=RTOL_LP, atol=ATOL_LP))
+    for c, full, part in zip(completions, whole, suffix, strict=True):
+        assert np.isnan(part.prompt_logprobs[: len(prompt)]).all()
+        same(part.prompt_logprobs[-len(c):], full.prompt_logprobs[-len(c):])
+    # One request alone takes the unpacked path; top-k rows before the suffix are padding.
+    job = SampleJob(adapter, prompt + completions[0], 1, SamplingParams(max_tokens=0),
+                    prompt_logprobs=True, topk_prompt_logprobs=3, prompt_logprobs_last_n=2)
+    alone = engine.sample([job])[0]
+    reference, top = engine.prompt_logprobs(adapter, job.prompt, 3)
+    assert np.isnan(alone.prompt_logprobs[:-2]).all()
+    np.testing.assert_allclose(alone.prompt_logprobs[-2:], reference[-2:], rtol=RTOL_LP,
+                               atol=ATOL_LP)
+    ids, lps = alone.topk_prompt
+    assert (ids[:-2] == 0).all() and (lps[:-2] == -99999.0).all()
+    np.testing.assert_array_equal(ids[-2:], top[0][-2:])
+
+
+@pytest.mark.parametrize(("last_n", "logprobs", "message"), [
+    (0, True, "between 1 and"),
+    (20, True, "between 1 and"),
+    (3, False, "applies to prompt logprobs"),
+])
+def test_a_prompt_logprobs_last_n_outside_the_prompt_is_refused(engine, last_n, logprobs,
+                                                                 message):
+    from server.engine.engine import SampleJob, SamplingParams, UserError
+
+    job = SampleJob(None, list(range(5, 25)), 1, SamplingParams(max_tokens=0),
+                    prompt_logprobs=logprobs, prompt_logprobs_last_n=last_n)
+    with pytest.raises(UserError, match=message):
+        engine.validate_sample(job)
+
+
+def test_a_backend_that_scores_the_whole_prompt_is_masked_to_the_suffix():
+    """vLLM scores every prompt position; the answer keeps only what was asked for."""
+    from server.engine.engine import SampleJob, SamplingParams
+    from server.engine.jobs import TOPK_PAD_ID, TOPK_PAD_LOGPROB, mask_unscored
+    from server.protocol.codec import SampleResult
+
+    job = SampleJob(None, [1, 2, 3, 4, 5], 1, SamplingParams(max_tokens=0),
+                    prompt_logprobs=True, topk_prompt_logprobs=2, prompt_logprobs_last_n=2)
+    values = np.array([np.nan, -1.0, -2.0, -3.0, -4.0], np.float32)
+    ids = np.arange(10, dtype=np.int32).reshape(5, 2)
+    lps = -np.ones((5, 2), np.float32)
+    result = mask_unscored(SampleResult([], values, (ids, lps)), job)
+    assert np.isnan(result.prompt_logprobs[:3]).all()
+    assert result.prompt_logprobs[3:].tolist() == [-3.0, -4.0]
+    assert (result.topk_prompt[0][:3] == TOPK_PAD_ID).all()
+    assert (result.topk_prompt[1][:3] == TOPK_PAD_LOGPROB).all()
+    assert result.topk_prompt[0][3:].tolist() == [[6, 7], [8, 9]]
+
+
+@pytest.mark.parametrize("device_sampling", [True, False], ids=["device", "host"])
+def test_a_one_token_request_with_prompt_logprobs_takes_its_token_from_the_scoring_pass(
+        engine, monkeypatch, device_sampling):
+    """The SDK's compute_logprobs asks for one token beside the prompt's logprobs. Under
+    invariance that token comes from the packed scoring forward (no second prefill), and it
+    is the token, logprob and stop flag a plain one-token request draws, bit for bit."""
+    from server.engine.engine import SampleJob, SamplingParams
+
+    rng = np.random.default_rng(9)
+    adapter = new_state(engine, 12).adapter
+    prompt = list(rng.integers(5, engine.vocab_size, size=16))
+    sequences = [prompt + list(rng.integers(5, engine.vocab_size, size=n)) for n in (3, 6)]
+
+    def jobs(logprobs: bool) -> list[SampleJob]:
+        return [SampleJob(owner, seq, 2, SamplingParams(max_tokens=1, temperature=t, seed=s),
+                          prompt_logprobs=logprobs)
+                for owner in (None, adapter) for seq in sequences
+                for t, s in ((1.0, 3), (0.7, 4))]
+
+    engine.share_prefixes = True
+    monkeypatch.setattr(engine, "device_sampling", device_sampling)
+    plain = engine.sample(jobs(False))
+    prefills = []
+    original = engine._prefill_aligned
+    monkeypatch.setattr(engine, "_prefill_aligned",
+                        lambda batch: prefills.append(len(batch)) or original(batch))
+    scored = engine.sample(jobs(True))
+    for a, b in zip(plain, scored, strict=True):
+        assert not np.isnan(b.prompt_logprobs[1:]).any()
+        for x, y in zip(a.sequences, b.sequences, strict=True):
+            if engine.batch_invariant:
+                assert (x.tokens, x.logprobs, x.stopped) == (y.tokens, y.logprobs, y.stopped)
+            assert len(y.tokens) == 1
+    if engine.batch_invariant:  # the fused path prefills another way, and keeps doing so
+        assert prefills == []
