@@ -315,13 +315,9 @@ def test_prompt_logprobs_of_many_sequences_are_scored_together_and_match(engine)
         )
 
 
-def test_the_output_head_scores_each_distinct_position_once(engine, monkeypatch):
-    """A group's prompt positions (no advantage) go through the vocabulary-wide head once, not
-    once per sample, and no position is scored twice."""
-    rng = np.random.default_rng(7)
-    sizes = [6, 9, 4, 7]
-    data = rl_group(rng, engine.vocab_size, 30, sizes)
-    scored = []
+def count_head_positions(engine, monkeypatch) -> list[int]:
+    """From now on, the number of positions each output-head call scores, in call order."""
+    scored: list[int] = []
     original = engine._gather_head
 
     def counting(hidden, *rest):
@@ -329,6 +325,16 @@ def test_the_output_head_scores_each_distinct_position_once(engine, monkeypatch)
         return original(hidden, *rest)
 
     monkeypatch.setattr(engine, "_gather_head", counting)
+    return scored
+
+
+def test_the_output_head_scores_each_distinct_position_once(engine, monkeypatch):
+    """A group's prompt positions (no advantage) go through the vocabulary-wide head once, not
+    once per sample, and no position is scored twice."""
+    rng = np.random.default_rng(7)
+    sizes = [6, 9, 4, 7]
+    data = rl_group(rng, engine.vocab_size, 30, sizes)
+    scored = count_head_positions(engine, monkeypatch)
     engine.share_prefixes = True
     engine.forward_backward(
         [ForwardBackwardJob(new_state(engine, 10), data, "importance_sampling", {}, False)]
@@ -361,14 +367,7 @@ def test_prompt_logprobs_last_n_scores_only_the_suffix_and_matches(engine, monke
 
     engine.share_prefixes = True
     whole = engine.sample(jobs(False))
-    scored = []
-    original = engine._gather_head
-
-    def counting(hidden, *rest):
-        scored.append(hidden.shape[0])
-        return original(hidden, *rest)
-
-    monkeypatch.setattr(engine, "_gather_head", counting)
+    scored = count_head_positions(engine, monkeypatch)
     suffix = engine.sample(jobs(True))
     # The prompt's last position (it predicts every completion's first token) is shared.
     assert sum(scored) == 1 + sum(len(c) - 1 for c in completions)
