@@ -173,7 +173,7 @@ class Sampling:
             for j, job in enumerate(jobs)
             if job.prompt_logprobs and not job.topk_prompt_logprobs and len(job.prompt) > 1
         ]
-        first_logits: dict[int, torch.Tensor] = {}
+        last_hidden: dict[int, torch.Tensor] = {}
         if together and self.share_prefixes and self._can_pack:
             # Invariant too when fused: packed rows then attend per view (`invariant_attention`).
             # A one-token request (the SDK's compute_logprobs) takes its token from the same
@@ -185,9 +185,7 @@ class Sampling:
             scored, last = self._shared_prompt_logprobs([jobs[j] for j in together], one_token)
             for j, values in zip(together, scored):
                 results[j].prompt_logprobs = values
-            if one_token:
-                logits = self._last_logits([jobs[together[k]] for k in one_token], last)
-                first_logits = {together[k]: logits[i] for i, k in enumerate(one_token)}
+            last_hidden = {together[k]: hidden for k, hidden in last.items()}
         else:
             together = []
         for j, (job, result) in enumerate(zip(jobs, results)):
@@ -205,11 +203,13 @@ class Sampling:
                 results[j].sequences = [
                     SampledSequence([], [], False) for _ in range(job.num_samples)
                 ]
-        prefilled = [(j, job) for j, job in to_decode if j in first_logits]
-        to_decode = [(j, job) for j, job in to_decode if j not in first_logits]
+        prefilled = [(j, job) for j, job in to_decode if j in last_hidden]
+        to_decode = [(j, job) for j, job in to_decode if j not in last_hidden]
         for batch in _decode_batches(prefilled, MAX_DECODE_ROWS):
-            logits = torch.stack([first_logits[j] for j, _ in batch])
-            for (j, _), seqs in zip(batch, self._decode([job for _, job in batch], logits)):
+            # Per decode batch, as the prefill would: at most 128 vocabulary-wide rows at once.
+            batch_jobs = [job for _, job in batch]
+            logits = self._last_logits(batch_jobs, [last_hidden[j] for j, _ in batch])
+            for (j, _), seqs in zip(batch, self._decode(batch_jobs, logits)):
                 results[j].sequences.extend(seqs)
         for batch in _decode_batches(to_decode, MAX_DECODE_ROWS):
             sequences = self._decode([job for _, job in batch])
@@ -257,11 +257,10 @@ class Sampling:
             out.append(values)
         return out, {j: hidden[(j, 0)] for j in wanted}
 
-    def _last_logits(self, jobs: list[SampleJob], hidden: dict[int, torch.Tensor]
-                     ) -> torch.Tensor:
+    def _last_logits(self, jobs: list[SampleJob], hidden: list[torch.Tensor]) -> torch.Tensor:
         """`[jobs, vocab]` next-token logits from each job's last hidden state, computed as
         `_prefill_aligned` computes them (the same head call, rows routed to their adapters)."""
-        rows = torch.stack([hidden[k] for k in sorted(hidden)])[:, None]
+        rows = torch.stack(hidden)[:, None]
         groups = [RowGroup(job.adapter, j, j + 1) for j, job in enumerate(jobs)]
         with routing(groups), row_invariant():
             logits = self._head(rows)[:, -1]
