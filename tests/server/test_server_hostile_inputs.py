@@ -186,6 +186,11 @@ def test_sampling_parameters_that_cannot_be_used_are_refused(ctx):
         _sample(ctx, {"max_tokens": 2}, topk_prompt_logprobs=65536, prompt_logprobs=True),
         _sample(ctx, {"max_tokens": 2}, num_samples=100_000),
         _sample(ctx, {"max_tokens": 10**9}),
+        # The prompt has 5 tokens: at most its last 4 have a logprob to return.
+        _sample(ctx, {"max_tokens": 1}, prompt_logprobs=True, prompt_logprobs_last_n=5),
+        _sample(ctx, {"max_tokens": 1}, prompt_logprobs=True, prompt_logprobs_last_n=-1),
+        _sample(ctx, {"max_tokens": 1}, prompt_logprobs=True, prompt_logprobs_last_n="two"),
+        _sample(ctx, {"max_tokens": 1}, prompt_logprobs_last_n=2),
     ])
 
 
@@ -198,8 +203,9 @@ def test_sampling_parameters_at_their_limits_are_served(ctx):
         _sample(ctx, {"max_tokens": 3, "temperature": 1e-40, "seed": 1}),
         _sample(ctx, {"max_tokens": 2, "seed": 3}, num_samples=300),
         _sample(ctx, {"max_tokens": 1}, topk_prompt_logprobs=4, prompt_logprobs=True),
+        _sample(ctx, {"max_tokens": 1}, prompt_logprobs=True, prompt_logprobs_last_n=4),
     ]
-    assert [o.future for o in outcomes] == ["ok"] * 4, outcomes
+    assert [o.future for o in outcomes] == ["ok"] * 5, outcomes
 
 
 def test_a_temperature_below_the_floor_is_greedy_with_finite_logprobs(keyed, base_model, sequences):
