@@ -126,33 +126,42 @@ def behaviour_logprobs(
     ones: what the sampler reported when T = 1 with no filter, recomputed otherwise. Temperature
     and top-p then only shape which samples are drawn (exploration).
 
-    The recomputation scores only what training reads: the completion's tokens
-    (`prompt_logprobs_last_n`, so the prompt's positions cost no output head) of the groups
-    `used` marks (a group dropped for constant rewards gets empty lists). All requests are
-    submitted at once, so the server packs a group's shared prompt into one forward.
+    The recomputation scores only what training reads (`completion_logprobs`): the
+    completion's tokens, so the prompt's positions cost no output head, of the groups `used`
+    marks (a group dropped for constant rewards gets empty lists).
     """
     if temperature == 1.0 and top_p >= 1.0:
         return [[[float(x) for x in seq.logprobs] for seq in group] for group in groups]
+    return completion_logprobs(sampler, prompts, groups, used)
+
+
+def completion_logprobs(
+    client: tinker.SamplingClient,
+    prompts: list[list[int]],
+    groups: list[list[Any]],
+    used: list[bool] | None = None,
+) -> list[list[list[float]]]:
+    """`client`'s logprob of every completion token, per group and sample: only the completion
+    is scored (`prompt_logprobs_last_n`), only of the groups `used` marks (the others, and empty
+    completions, get empty lists). All requests are submitted before any is awaited, so the
+    server packs a group's shared prompt into one forward instead of answering one blocking
+    round trip per sequence."""
     wanted = used if used is not None else [True] * len(groups)
     futures = [
         [
-            sampler.compute_logprobs(types.ModelInput.from_ints(prompt + list(seq.tokens)),
-                                     prompt_logprobs_last_n=len(seq.tokens))
+            client.compute_logprobs(types.ModelInput.from_ints(prompt + list(seq.tokens)),
+                                    prompt_logprobs_last_n=len(seq.tokens))
             if seq.tokens and keep
             else None
             for seq in group
         ]
         for prompt, group, keep in zip(prompts, groups, wanted)
     ]
-    out = []
-    for prompt, group_futures in zip(prompts, futures):
-        out.append(
-            [
-                [float(x) for x in f.result()[len(prompt) :]] if f is not None else []
-                for f in group_futures
-            ]
-        )
-    return out
+    return [
+        [[float(x) for x in f.result()[len(prompt) :]] if f is not None else []
+         for f in group_futures]
+        for prompt, group_futures in zip(prompts, futures)
+    ]
 
 
 class Trial:
@@ -473,8 +482,9 @@ class Trial:
         behaviour = behaviour_logprobs(sampler, prompts, groups, rl.temperature, rl.top_p, used)
         timings["behaviour_s"] = time.time() - t_behaviour
         t_ref = time.time()
-        reference_lps = self._reference_logprobs(reference, prompts, groups, used)
+        reference_lps = None
         if reference is not None:
+            reference_lps = completion_logprobs(reference, prompts, groups, used)
             timings["reference_s"] = time.time() - t_ref
         datums, sampled_lps, used_groups, dropped = [], [], 0, 0
         for g, (prompt, sequences, results, seq_lps) in enumerate(
@@ -489,7 +499,7 @@ class Trial:
             for k, (seq, adv, lps_old) in enumerate(zip(sequences, advantages, seq_lps)):
                 if not seq.tokens:
                     continue
-                ref_lp = reference_lps.get((g, k))
+                ref_lp = reference_lps[g][k] if reference_lps is not None else None
                 per_token = token_advantages(float(adv), lps_old, ref_lp, rl.kl_coef)
                 datums.append(rl_datum(prompt, list(seq.tokens), lps_old, per_token))
                 sampled_lps.append(lps_old)
@@ -546,33 +556,6 @@ class Trial:
             )
         self.progress(entry)
         return used_tokens
-
-    @staticmethod
-    def _reference_logprobs(
-        reference: tinker.SamplingClient | None,
-        prompts: list[list[int]],
-        groups: list[list[Any]],
-        used: list[bool],
-    ) -> dict[tuple[int, int], list[float]]:
-        """The reference model's logprobs of every sampled completion, keyed (group, sample).
-
-        All requests are submitted before any is awaited, so the server batches them instead of
-        answering one blocking round trip per sequence; each scores only its completion.
-        """
-        if reference is None:
-            return {}
-        futures = {
-            (g, k): reference.compute_logprobs(types.ModelInput.from_ints(prompts[g] + seq.tokens),
-                                               prompt_logprobs_last_n=len(seq.tokens))
-            for g, sequences in enumerate(groups)
-            if used[g]
-            for k, seq in enumerate(sequences)
-            if seq.tokens
-        }
-        return {
-            key: [float(x) for x in future.result()[len(prompts[key[0]]) :]]
-            for key, future in futures.items()
-        }
 
     def _eval(
         self,
