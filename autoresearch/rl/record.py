@@ -47,6 +47,14 @@ class TrialRecord:
             os.fsync(handle.fileno())
         return entry
 
+    def start_with(self, entries: list[dict[str, Any]]) -> None:
+        """Begin an empty record with another record's entries (a run that continues where
+        another ended: resuming then starts from the last checkpoint among them)."""
+        if self.entries():
+            raise ValueError(f"{self.path} is not empty: a record starts with entries only once")
+        _atomic_write(self.path, "".join(json.dumps(e, default=_jsonable) + "\n"
+                                         for e in entries))
+
     def write_config(self, text: str) -> None:
         target = self.dir / CONFIG_FILE
         if target.exists() and target.read_text() != text:

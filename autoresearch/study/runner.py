@@ -187,7 +187,7 @@ class StudyRunner:
             return
         owner, exists = self._checkpoint_access()
         checkpoints: dict[str, str] = {}
-        for name in (PRIMARY_WARMUP, *self.study.warmup_choices):
+        for name in self.study.warmup_names():
             stage = WarmupStage(self.study, self.journal, self.dir, self._server_data, owner,
                                 exists, name)
             self._trackers[stage.trial_id] = ProgressTracker(stage.config)

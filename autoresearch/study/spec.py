@@ -265,6 +265,17 @@ class Study(_Strict):
             return self.warmup
         return self.warmup_choices[name]
 
+    def warmup_names(self) -> list[str]:
+        """Every declared warm-up, the shortest first: a longer one whose training begins with
+        a shorter one's continues from it (`warmup.continues`) once that one exists."""
+        if self.warmup is None:
+            return []
+        def steps(name: str) -> int:
+            spec = self.warmup_spec(name)
+            return spec.sft.steps + spec.rl.steps
+
+        return sorted([PRIMARY_WARMUP, *self.warmup_choices], key=steps)
+
     def warmup_trial(self, name: str = PRIMARY_WARMUP) -> TrialConfig:
         """The warm-up (the default one, or the declared choice `name`) as a trial: the base
         trial's model, data and dev tasks, the warm-up's training; scored on dev before and

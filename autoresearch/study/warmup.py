@@ -71,6 +71,21 @@ def server_scope(study: Study) -> str:
     return f"server:{url}" if url else f"embedded:{study.embedded_model or 'packaged'}"
 
 
+def continues(config: TrialConfig, prefix: TrialConfig) -> bool:
+    """Whether training `config` from scratch passes through `prefix`'s final state, so that
+    starting there ends with the same bits: the same run but for more SFT steps (the learning
+    rate is constant and each step's batch is drawn from the seed and the step alone), and
+    `prefix` has no RL of its own (what `config` does after its SFT steps is its own)."""
+    if prefix.rl.steps or not 0 < prefix.sft.steps < config.sft.steps:
+        return False
+    alike = {"name": "warmup", "checkpoint_every": 1, "sft.steps": 1,
+             "rl": config.rl.model_dump(mode="json")}
+    try:
+        return prefix.with_changes(alike).canonical() == config.with_changes(alike).canonical()
+    except ValueError:  # `config`'s RL does not fit the other's evaluation settings
+        return False
+
+
 def cache_key(config: TrialConfig, scope: str) -> str:
     blob = json.dumps({"config": config.canonical(), "scope": scope},
                       sort_keys=True).encode()
@@ -238,6 +253,51 @@ class WarmupStage:
         log.info("warm-up reused from the cache (%s): %s", self.cache.dir, checkpoint)
         return checkpoint
 
+    def _prefix(self) -> tuple[WarmupStage, dict[str, Any]] | None:
+        """The longest other declared warm-up, finished and cached, that this one continues."""
+        found: tuple[WarmupStage, dict[str, Any]] | None = None
+        for name in self.study.warmup_names():
+            other = WarmupStage(self.study, self.journal, self.directory, self.server_data,
+                                self.owner, self.checkpoint_exists, name)
+            if name == self.name or not continues(self.config, other.config):
+                continue
+            entry = other.cache.load()
+            if entry is None or not other._usable(entry) \
+                    or not (other.cache.dir / "record.jsonl").exists():
+                continue
+            if found is None or other.config.sft.steps > found[0].config.sft.steps:
+                found = (other, entry)
+        return found
+
+    def _continue(self, record: TrialRecord) -> dict[str, Any] | None:
+        """Start this warm-up's record where a shorter warm-up it continues ended: its steps
+        and its first dev score, then a checkpoint at its final state (weights and optimizer),
+        from which the trial resumes and runs only the remaining steps. Returns the event."""
+        prefix = self._prefix()
+        if prefix is None:
+            return None
+        other, entry = prefix
+        entries = TrialRecord(other.cache.dir).entries()
+        marks = [i for i, e in enumerate(entries) if e["type"] == "checkpoint"]
+        if not marks or entries[marks[-1]].get("phase") != "sft" \
+                or entries[marks[-1]].get("step") != other.config.sft.steps:
+            return None
+        other._install(entry["checkpoint"])
+        steps = other.config.sft.steps
+        event = {"type": "event", "time": round(time.time(), 3),
+                 "message": f"continues warm-up {other.name!r} from its final state after "
+                            f"{steps} SFT steps: the same weights and optimizer state as this "
+                            f"warm-up's own step {steps}",
+                 "continues": other.key, "step": steps,
+                 "prefix_seconds": entry.get("wall_seconds", 0.0)}
+        record.start_with([*entries[:marks[-1]], event,
+                           {**entries[marks[-1]], "path": entry["checkpoint"]}])
+        self.journal.event("warmup", f"{self.trial_id} continues {other.trial_id} from its "
+                           f"final state: {self.config.sft.steps - steps} of its "
+                           f"{self.config.sft.steps} SFT steps left to run", self.trial_id,
+                           continues=other.trial_id, cache_key=other.key)
+        return event
+
     def _train(self, executor: Executor, on_step: StepSink, row: dict[str, Any] | None) -> str:
         if row is None:
             self.journal.add_trials([self._new_row("queued", self._describe() + ".")])
@@ -251,6 +311,8 @@ class WarmupStage:
         directory = (self.directory / self.trial_id).resolve()
         log.info("running the warm-up (cache key %s)", self.key)
         record = TrialRecord(directory)
+        if not record.entries():
+            self._continue(record)
         try:
             result: TrialResult = executor.run(
                 TrialJob(self.trial_id, TrialConfig.model_validate(row["config"]), directory),
@@ -268,23 +330,33 @@ class WarmupStage:
         start, final = _dev_evals(record)
         final = final or _eval_summary(result.dev)
         acc = (final or {}).get("accuracy") or {}
+        wall = _wall_seconds(record, result.wall_seconds)
         self.journal.finish_trial(
             self.trial_id, record.of_type("step"), record.of_type("eval"), status="done",
             finished=time.time(), dev=final, dev_accuracy=acc.get("value"),
             dev_low=acc.get("low"), dev_high=acc.get("high"), dev_n=acc.get("n"),
-            steps=result.steps, tokens=result.tokens, wall_seconds=result.wall_seconds,
+            steps=result.steps, tokens=result.tokens, wall_seconds=wall,
             checkpoint=result.checkpoint)
         self.cache.store({"key": self.key, "scope": server_scope(self.study),
                           "config": self.config.model_dump(mode="json"),
                           "checkpoint": result.checkpoint, "start": start, "final": final,
                           "steps": result.steps, "tokens": result.tokens,
-                          "wall_seconds": result.wall_seconds, "created": time.time()},
+                          "wall_seconds": wall, "created": time.time()},
                          record.path, self.server_data)
         self.journal.event("warmup", f"warm-up done: {result.checkpoint}", self.trial_id,
                            cache_key=self.key, cache_dir=str(self.cache.dir),
-                           seconds=round(result.wall_seconds, 1))
-        log.info("warm-up done (%.0f s): %s", result.wall_seconds, result.checkpoint)
+                           seconds=round(wall, 1))
+        log.info("warm-up done (%.0f s): %s", wall, result.checkpoint)
         return result.checkpoint
+
+
+def _wall_seconds(record: TrialRecord, measured: float) -> float:
+    """The warm-up's training time: for one that continued another, that one's time plus the
+    time since it started here (its record begins with the other's older entries)."""
+    seeded = next((e for e in record.of_type("event") if "continues" in e), None)
+    if seeded is None:
+        return measured
+    return float(seeded.get("prefix_seconds") or 0.0) + time.time() - seeded["time"]
 
 
 def warmup_id(name: str = PRIMARY_WARMUP) -> str:
