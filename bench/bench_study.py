@@ -36,7 +36,7 @@ re-proposed under other seeds (see docs/studies.md for what they showed).
 
 Decisions are the studies' own (dev split only); each study reads the test split once.
 
-    python bench/bench_study.py                    # arms and known (83 min, 2 quiet fp32 cores)
+    python bench/bench_study.py                    # arms and known (69 min, 2 quiet fp32 cores)
     python bench/bench_study.py --smoke            # the same pipeline, tiny sizes (minutes)
     python bench/bench_study.py --resume runs/bench-study/<stamp>   # finish an interrupted run
     python bench/bench_study.py --resume runs/bench-study/<stamp> --redecide --parts arms
@@ -93,9 +93,11 @@ NO_OP = {"rl.max_train_tokens": 10**12}
 re-proposed base config a new candidate in the study's eyes."""
 
 DESIGNS: dict[str, dict[str, Any]] = {
-    # 83 minutes on 2 quiet fp32 cores (4997 s measured, the two warm-ups 1174 s of it). Step
-    # costs measured earlier: an SFT step of 8 gold queries about 19 s, a GRPO step of 4 x 4
-    # about 35 s, greedy evaluation about 1.2 s per task; trials side by side share the two
+    # 69 minutes on 2 quiet fp32 cores (4118 s measured: the two warm-ups 733 s, the 48-step
+    # one continuing the 16-step one; the arms' 20 runs 1748 s; the known study 1592 s, its
+    # test check 540 s of it). 83 minutes (4997 s) before the continuation, the known study's
+    # pruning-free rounds and its 4 seeds a side. In that run an SFT step of 8 gold queries
+    # took 12-13 s, greedy evaluation 0.45-0.6 s per task; trials side by side share the two
     # cores, so time adds up over trials.
     "full": {
         # The warm-up does the learning a 270M model can do on this budget (dev 0 -> about
