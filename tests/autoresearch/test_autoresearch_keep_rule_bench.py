@@ -104,7 +104,10 @@ def test_the_known_change_study_offers_the_change_and_a_decoy_under_the_default_
     changes = [c for c, _ in proposer.jobs]
     assert changes[0] == design["known_change"] and changes[1]["seed"] != study.base_trial.seed
     assert study.budget.max_trials == 3 and study.budget.seed_bank == 3
-    assert study.budget.confirm_seeds == 5 and study.budget.max_confirm_trials == 10
+    assert study.budget.confirm_seeds == 4 and study.budget.max_confirm_trials == 8
+    # both candidates run in the first round: interim evaluations for pruning would cost every
+    # run and could save at most one step of one
+    assert study.pruning.kind == "none" and study.trial_base().eval.every == 0
     # one confirmation at the study's whole alpha; its test check reads the design's tasks
     assert keep_rule_for(study.budget).budget.confirmations == 1
     assert study.base_trial.eval.test_tasks == design["known_test_tasks"]
