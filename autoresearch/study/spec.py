@@ -270,6 +270,7 @@ class Study(_Strict):
         a shorter one's continues from it (`warmup.continues`) once that one exists."""
         if self.warmup is None:
             return []
+
         def steps(name: str) -> int:
             spec = self.warmup_spec(name)
             return spec.sft.steps + spec.rl.steps
