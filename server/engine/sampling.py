@@ -208,7 +208,8 @@ class Sampling:
         for batch in _decode_batches(prefilled, MAX_DECODE_ROWS):
             # Per decode batch, as the prefill would: at most 128 vocabulary-wide rows at once.
             batch_jobs = [job for _, job in batch]
-            logits = self._last_logits(batch_jobs, [last_hidden[j] for j, _ in batch])
+            logits = self._last_logits(batch_jobs,
+                                       torch.stack([last_hidden[j] for j, _ in batch]))
             for (j, _), seqs in zip(batch, self._decode(batch_jobs, logits)):
                 results[j].sequences.extend(seqs)
         for batch in _decode_batches(to_decode, MAX_DECODE_ROWS):
@@ -257,13 +258,14 @@ class Sampling:
             out.append(values)
         return out, {j: hidden[(j, 0)] for j in wanted}
 
-    def _last_logits(self, jobs: list[SampleJob], hidden: list[torch.Tensor]) -> torch.Tensor:
-        """`[jobs, vocab]` next-token logits from each job's last hidden state, computed as
-        `_prefill_aligned` computes them (the same head call, rows routed to their adapters)."""
-        rows = torch.stack(hidden)[:, None]
+    def _last_logits(self, jobs: list[SampleJob], last: torch.Tensor) -> torch.Tensor:
+        """`[jobs, vocab]` next-token logits from each job's last hidden state (`[jobs, hidden]`):
+        the one head call the prefill and the scoring forward's one-token draw share, each row
+        routed to its job's adapter and shaped `[requests, 1, hidden]` as a decode step's head
+        sees its rows."""
         groups = [RowGroup(job.adapter, j, j + 1) for j, job in enumerate(jobs)]
         with routing(groups), row_invariant():
-            logits = self._head(rows)[:, -1]
+            logits = self._head(last[:, None])[:, -1]
         if self._softcap:
             logits = torch.tanh(logits / self._softcap) * self._softcap
         return logits
@@ -421,12 +423,8 @@ class Sampling:
                 use_cache=True,
                 **{self._cache_kw: cache},
             ).last_hidden_state
-            last = torch.tensor([len(job.prompt) - 1 for job in jobs], device=self.device)
-            # `[requests, 1, hidden]`, as a decode step's head sees its rows
-            logits = self._head(hidden[torch.arange(len(jobs)), last][:, None])[:, -1]
-        if self._softcap:
-            logits = torch.tanh(logits / self._softcap) * self._softcap
-        return cache, logits
+        last = torch.tensor([len(job.prompt) - 1 for job in jobs], device=self.device)
+        return cache, self._last_logits(jobs, hidden[torch.arange(len(jobs)), last])
 
     def _decode_masks(self, positions: torch.Tensor) -> dict[str, object]:
         """The invariant attention's layout per layer type: the queries' positions."""
