@@ -269,19 +269,19 @@ class WarmupStage:
                 found = (other, entry)
         return found
 
-    def _continue(self, record: TrialRecord) -> dict[str, Any] | None:
+    def _continue(self, record: TrialRecord) -> None:
         """Start this warm-up's record where a shorter warm-up it continues ended: its steps
         and its first dev score, then a checkpoint at its final state (weights and optimizer),
-        from which the trial resumes and runs only the remaining steps. Returns the event."""
+        from which the trial resumes and runs only the remaining steps."""
         prefix = self._prefix()
         if prefix is None:
-            return None
+            return
         other, entry = prefix
         entries = TrialRecord(other.cache.dir).entries()
         marks = [i for i, e in enumerate(entries) if e["type"] == "checkpoint"]
         if not marks or entries[marks[-1]].get("phase") != "sft" \
                 or entries[marks[-1]].get("step") != other.config.sft.steps:
-            return None
+            return
         other._install(entry["checkpoint"])
         steps = other.config.sft.steps
         event = {"type": "event", "time": round(time.time(), 3),
@@ -296,7 +296,6 @@ class WarmupStage:
                            f"final state: {self.config.sft.steps - steps} of its "
                            f"{self.config.sft.steps} SFT steps left to run", self.trial_id,
                            continues=other.trial_id, cache_key=other.key)
-        return event
 
     def _train(self, executor: Executor, on_step: StepSink, row: dict[str, Any] | None) -> str:
         if row is None:
