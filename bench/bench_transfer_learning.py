@@ -15,8 +15,9 @@ rate with 95% Wilson intervals per split and stage, and the paired stage-to-stag
         --sft-steps 120 --rl-steps 60 --prompts 16 --group 8   # the recipe on a GPU
 
 Resumable: rerun with the same `--out` and the trial resumes from its last checkpoint.
-`--rescore` scores a finished run's saved weights (the base model, after SFT, after RL) again
-on the transfer split as it stands, without training: for when the split's text has changed.
+`--rescore` scores a finished run's weights (the base model, after SFT, after RL) again without
+training, greedily on every split, or on those `--splits` and `--stages` name: the full table of
+a run trained with `--train-only`, or the transfer rows again when the split's text has changed.
 `--vote K` (after a run, or with `--rescore`) scores the SFT and final weights on the run's own
 tasks of every split once more, answering each question with the result most of its greedy and
 K sampled queries return on its database (execution-based self-consistency, the decoding
@@ -25,9 +26,8 @@ with `--vote`) runs every answer with the table and column names its database la
 onto the closest ones it has (`rewards.snap`), beside the greedy queries as written;
 `--snap-values` likewise snaps the strings an answer compares a column with onto the values that
 column holds (`rewards.snap_values`), alone or with `--snap`. `--train-only` trains with
-evaluation off, so that the training is timed alone; `--rescore` with `--vote`, `--snap` or
-`--snap-values` then scores its saved weights on as many tasks of each split as `--dev-tasks`,
-`--test-tasks` and `--transfer-tasks` say.
+evaluation off, so that the training is timed alone; `--rescore` then scores its weights on as
+many tasks of each split as `--dev-tasks`, `--test-tasks` and `--transfer-tasks` say.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import tinker
 import yaml
 
 from autoresearch.evaluation.stats import Estimate, paired_difference, wilson
@@ -51,6 +52,7 @@ from rewards import RewardPool
 from server.entrypoints.runtime import ServerConfig, ServerThread
 
 SPLITS = ("dev", "test", "transfer")
+API_KEY = "tml-bench"
 STAGES = (("base", "base model"), ("sft", "after SFT"), ("final", "after SFT + RL"))
 
 
@@ -123,9 +125,15 @@ def _counts(e: dict[str, Any]) -> dict[str, int]:
 
 
 def table(record: TrialRecord) -> tuple[str, dict[str, Any]]:
-    """The markdown table of every split and stage, and the numbers behind it."""
-    evals = {(e["split"], "base" if e["stage"] == "start" else e["stage"]): e
-             for e in record.of_type("eval")}
+    """The markdown table of every split and stage of a trained run, and the numbers behind
+    it."""
+    return stage_table({(e["split"], "base" if e["stage"] == "start" else e["stage"]): e
+                        for e in record.of_type("eval")})
+
+
+def stage_table(evals: dict[tuple[str, str], dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """Rows per split and stage (base, sft, final) with Wilson intervals, and the paired
+    differences between the stages scored on the same tasks."""
     lines = list(HEADER)
     numbers: dict[str, Any] = {}
     for split in SPLITS:
@@ -144,19 +152,37 @@ def table(record: TrialRecord) -> tuple[str, dict[str, Any]]:
     return "\n".join(lines), numbers
 
 
+def differences(numbers: dict[str, Any]) -> list[str]:
+    """One line per paired stage difference of `stage_table`'s numbers."""
+    return [f"{key}: {d['value']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
+            for key, d in numbers.items() if "value" in d]
+
+
+def untrained_adapter(url: str, config: TrialConfig) -> str:
+    """A new adapter of the run's rank, saved: its zero delta leaves the base model's function,
+    so the base model is scored on the same trial path as the trained weights (a trial must
+    start from a checkpoint or train)."""
+    service = tinker.ServiceClient(base_url=url, api_key=API_KEY)
+    training = service.create_lora_training_client(
+        base_model=config.base_model, rank=config.lora_rank, seed=config.seed,
+        train_unembed=config.train_unembed).result()
+    return training.save_state("untrained").result().path
+
+
 def rescore(out: Path, server_config: ServerConfig, vote: int = 0,
-            temperature: float = 0.8, stages: tuple[str, ...] = ("sft", "final"),
+            temperature: float = 0.8, stages: tuple[str, ...] = ("base", "sft", "final"),
             splits: tuple[str, ...] = SPLITS, snap: bool = False,
             snap_values: bool = False, tasks: dict[str, int] | None = None) -> str:
-    """Score a finished run's saved SFT and final weights again, without training.
+    """Score a finished run's weights again, without training: the base model (a new adapter,
+    whose zero delta leaves the base model's function), the SFT weights and the final ones.
 
-    Plain (`vote` 0, no `snap`): the transfer rows (and the base model's), greedy, on the
-    transfer split as it stands now. A decoding pass (`vote` > 0 or `snap`): every split the run
-    scored, each answer chosen by execution-based self-consistency over the greedy query and
-    `vote` samples and/or run with its names snapped onto the schema, beside the answers
-    without it of the same pass and their paired differences; `stages` and `splits` narrow it
-    (a vote costs about `vote` times the sampling). A run trained with `--train-only` scored
-    no split; its pass scores `tasks` of each (the counts the run would have scored)."""
+    Plain (`vote` 0, no `snap`): each of `stages` greedy on each of `splits`, with the paired
+    stage differences: the table a run trained with `--train-only` has not scored. A decoding
+    pass (`vote` > 0 or `snap`): each answer chosen by execution-based self-consistency over the
+    greedy query and `vote` samples and/or run with its names snapped onto the schema, beside
+    the answers without it of the same pass and their paired differences (a vote costs about
+    `vote` times the sampling). Each split is scored on as many tasks as the run's own config
+    says, or `tasks` where it scored none (a run trained with `--train-only`)."""
     record = TrialRecord(out / "transfer-learning")
     config = TrialConfig.model_validate(yaml.safe_load((record.dir / CONFIG_FILE).read_text()))
     final = record.final()
@@ -167,35 +193,28 @@ def rescore(out: Path, server_config: ServerConfig, vote: int = 0,
     decoding = bool(vote or snap or snap_values)
     counts = {split: getattr(config.eval, f"{split}_tasks") or (tasks or {}).get(split, 0)
               for split in SPLITS}
-    # What a decoding pass varies names its folder: a finished pass is reused, never mixed up.
+    # What a pass varies names its folder: a finished pass is reused, never mixed up.
     name = "-".join([f"vote-{vote}-t{temperature:g}" if vote else "greedy", *splits]
-                    + (["snap"] if snap else []) + (["values"] if snap_values else [])
-                    ) if decoding else "rescore"
+                    + (["snap"] if snap else []) + (["values"] if snap_values else []))
     evals: dict[tuple[str, str], dict[str, Any]] = {}
     with ServerThread(server_config) as server, RewardPool() as pool:
-        weights = {"sft": sft, "final": final["checkpoint"]}
-        for stage, path in weights.items():
-            if decoding and stage not in stages:
-                continue
+        weights = {"sft": sft, "final": final["checkpoint"],
+                   "base": untrained_adapter(server.url, config) if "base" in stages else None}
+        for stage in stages:
             changes: dict[str, Any] = {
-                "name": f"{name}-{stage}", "init_checkpoint": path, "sft.steps": 0,
-                "rl.steps": 0, "eval.start": False,
-                "eval.baseline": stage == "sft" and not decoding,
-                "eval.transfer_tasks": counts["transfer"] if decoding else 100_000,
+                "name": f"{name}-{stage}", "init_checkpoint": weights[stage], "sft.steps": 0,
+                "rl.steps": 0, "eval.start": False, "eval.baseline": False,
                 "eval.vote": vote, "eval.vote_temperature": temperature,
                 "eval.snap_names": snap, "eval.snap_values": snap_values}
-            for split in ("dev", "test"):
-                changes[f"eval.{split}_tasks"] = (
-                    counts[split] if decoding and split in splits else 0)
-            if decoding and "transfer" not in splits:
-                changes["eval.transfer_tasks"] = 0
-            run_trial(config.with_changes(changes), out / name / stage, server.url, "tml-bench",
+            for split in SPLITS:
+                changes[f"eval.{split}_tasks"] = counts[split] if split in splits else 0
+            run_trial(config.with_changes(changes), out / name / stage, server.url, API_KEY,
                       pool=pool)
             for e in TrialRecord(out / name / stage).of_type("eval"):
-                evals[(e["split"], "base" if e["stage"] == "base" else stage)] = e
+                evals[(e["split"], stage)] = e
     if not decoding:
-        return "\n".join(HEADER + [_row("transfer", label, **_counts(evals["transfer", stage]))
-                                    for stage, label in STAGES])
+        text, numbers = stage_table(evals)
+        return "\n".join([text, "", *differences(numbers)])
     return decoding_table(evals, vote, snap, snap_values)
 
 
@@ -208,7 +227,7 @@ def decoding_table(evals: dict[tuple[str, str], dict[str, Any]], vote: int,
     snapped = f", {what} snapped" if what else ""
     snap = bool(what)
     for split in SPLITS:
-        for stage, label in STAGES[1:]:
+        for stage, label in STAGES:
             e = evals.get((split, stage))
             if e is None:
                 continue
@@ -279,11 +298,11 @@ def main() -> None:
     parser.add_argument("--train-only", action="store_true",
                         help="train with evaluation off, to time the training alone; score the "
                              "saved weights afterwards with --rescore and --vote or --snap")
-    parser.add_argument("--vote-stages", default="sft,final",
-                        help="which saved weights a decoding pass (--vote, --snap) scores: "
-                             "sft, final or both")
-    parser.add_argument("--vote-splits", default=",".join(SPLITS),
-                        help="which splits a decoding pass scores (comma-separated)")
+    parser.add_argument("--stages", "--vote-stages", dest="stages", default=None,
+                        help="which weights a rescore scores: some of base, sft, final "
+                             "(default: all three greedy; sft,final for a decoding pass)")
+    parser.add_argument("--splits", "--vote-splits", dest="splits", default=",".join(SPLITS),
+                        help="which splits a rescore scores (comma-separated)")
     args = parser.parse_args()
     if args.model and args.base_model == "google/gemma-3-270m":
         args.base_model = args.model
@@ -292,7 +311,9 @@ def main() -> None:
     started = time.time()
     server_config = ServerConfig(port=0, data_dir=out / "server", model=args.model,
                                  device=args.device)
-    narrowing = (_names(args.vote_stages, ("sft", "final")), _names(args.vote_splits, SPLITS))
+    decoding = bool(args.vote or args.snap or args.snap_values)
+    stages = args.stages or ("sft,final" if decoding else "base,sft,final")
+    narrowing = (_names(stages, tuple(s for s, _ in STAGES)), _names(args.splits, SPLITS))
     tasks = {"dev": args.dev_tasks, "test": args.test_tasks, "transfer": args.transfer_tasks}
     if args.rescore:
         text = rescore(out, server_config, args.vote, args.vote_temperature, *narrowing,
@@ -301,7 +322,7 @@ def main() -> None:
               f"{os.getloadavg()}\n\n{text}")
         return
     with ServerThread(server_config) as server, RewardPool() as pool:
-        run_trial(trial, out / trial.name, server.url, "tml-bench", pool=pool)
+        run_trial(trial, out / trial.name, server.url, API_KEY, pool=pool)
     wall = time.time() - started
     text, numbers = table(TrialRecord(out / trial.name))
     steps = list(TrialRecord(out / trial.name).of_type("step"))
@@ -321,11 +342,8 @@ def main() -> None:
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"\n{summary['command']}\nwall {wall:.0f} s (SFT {sft_s:.0f} s, RL {rl_s:.0f} s, "
           f"evaluation {eval_s:.0f} s); load average {os.getloadavg()}; out {out}\n")
-    print(text)
-    for key, d in numbers.items():
-        if "value" in d:
-            print(f"{key}: {d['value']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]")
-    if args.vote or args.snap or args.snap_values:
+    print("\n".join([text, *differences(numbers)]))
+    if decoding:
         again = time.time()
         text = rescore(out, server_config, args.vote, args.vote_temperature, *narrowing,
                        snap=args.snap, snap_values=args.snap_values, tasks=tasks)

@@ -67,6 +67,19 @@ def test_the_recipe_runs_with_an_explicit_model_and_device(sql_model_dir, tmp_pa
         assert f"| transfer | after SFT + RL, {row} |" in narrowed.stdout
     assert "transfer after SFT + RL: vote of 2, names snapped - greedy as written" \
         in narrowed.stdout
+    # The base stage of a rescore is a new adapter: its zero delta answers as the base model did.
+    base = subprocess.run(
+        [*command[:2], "--rescore", "--stages", "base", "--splits", "test,transfer",
+         *command[3:command.index("--vote")], "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert base.returncode == 0, base.stderr[-3000:]
+    again = {e["split"]: e for e in
+             TrialRecord(out / "greedy-test-transfer" / "base").of_type("eval")}
+    for e in evals:
+        if e["stage"] == "base":
+            assert again[e["split"]]["verdicts"] == e["verdicts"]
+            assert again[e["split"]]["execute_rate"] == e["execute_rate"]
+    assert "| transfer | base model | 6 |" in base.stdout
 
 
 def test_a_run_trained_alone_is_scored_afterwards_on_the_tasks_asked_for(sql_model_dir, tmp_path):
@@ -94,3 +107,17 @@ def test_a_run_trained_alone_is_scored_afterwards_on_the_tasks_asked_for(sql_mod
     (snapped,) = TrialRecord(out / "greedy-transfer-snap" / "final").of_type("eval")
     assert snapped["split"] == "transfer" and len(snapped["verdicts"]) == 5
     assert "| transfer | after SFT + RL, greedy, names snapped |" in scored.stdout
+    # A plain rescore fills in the table the run did not score: every stage of every split.
+    full = subprocess.run(
+        [sys.executable, script, "--rescore", "--dev-tasks", "2", "--test-tasks", "2",
+         "--transfer-tasks", "3", *common],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert full.returncode == 0, full.stderr[-3000:]
+    for stage in ("base", "sft", "final"):
+        scored_here = {e["split"]: len(e["verdicts"]) for e in
+                       TrialRecord(out / "greedy-dev-test-transfer" / stage).of_type("eval")}
+        assert scored_here == {"dev": 2, "test": 2, "transfer": 3}, stage
+    for split, n in (("dev", 2), ("test", 2), ("transfer", 3)):
+        for label in ("base model", "after SFT", "after SFT + RL"):
+            assert f"| {split} | {label} | {n} |" in full.stdout
+        assert f"{split}/final-base: " in full.stdout
