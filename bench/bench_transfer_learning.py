@@ -297,7 +297,8 @@ def main() -> None:
                              "with snapped onto the values that column holds")
     parser.add_argument("--train-only", action="store_true",
                         help="train with evaluation off, to time the training alone; score the "
-                             "saved weights afterwards with --rescore and --vote or --snap")
+                             "saved weights afterwards with --rescore (the greedy table), "
+                             "with --vote or --snap for a decoding pass")
     parser.add_argument("--stages", "--vote-stages", dest="stages", default=None,
                         help="which weights a rescore scores: some of base, sft, final "
                              "(default: all three greedy; sft,final for a decoding pass)")
