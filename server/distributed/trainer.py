@@ -91,6 +91,8 @@ class TrustedOwner:
 
 
 class DistributedService(TrainingService):
+    sampler_is_engine = False  # sampler workers run their own backend (vLLM on a cluster)
+
     def __init__(self, engine: Engine, checkpoints: CheckpointStore, futures: RedisFutureStore,
                  store: Store, save_every: int = 4, **kwargs: Any):
         super().__init__(engine, checkpoints, futures, **kwargs)

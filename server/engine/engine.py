@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from server.engine import decoding, packed_attention, prefix_sharing
+from server.engine.devices import layout_for
 from server.engine.jobs import (
     AdamParams,
     EngineStats,
@@ -29,10 +30,11 @@ from server.engine.jobs import (
     SamplingParams,
     UserError,
 )
+from server.engine.kv_budget import MAX_DECODE_ROWS
 from server.engine.lora import AdapterWeights, LoraSpec, new_adapter, wrap_model
 from server.engine.model_loading import LoadedModel
 from server.engine.packed_training import PackedTraining
-from server.engine.sampling import DEFAULT_MAX_TOKENS, MAX_DECODE_ROWS, Sampling
+from server.engine.sampling import DEFAULT_MAX_TOKENS, Sampling
 from server.engine.scoring import HeadScoring
 from server.engine.training import (
     DEFAULT_TOKENS_PER_MICROBATCH,
@@ -78,6 +80,12 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
         self.device = loaded.device
         self.dtype = loaded.dtype
         self.dtype_reason = loaded.dtype_reason
+        self.layout = loaded.layout or layout_for(torch.device(self.device))
+        """Whose numerics the engine runs (another device's when emulated, see `devices`)."""
+        self.deterministic = loaded.deterministic
+        half = self.dtype in (torch.bfloat16, torch.float16)
+        self.activation_dtype = self.dtype if half and self.layout.wholly_half else torch.float32
+        """The dtype of hidden states, attention and the KV cache."""
         self.model_origin = loaded.origin or loaded.model_name
         self.layers = wrap_model(self.model)
         config = self.model.config
@@ -125,12 +133,21 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
             and packed_attention.install(self.model)
         )
         if batch_invariant is None:
-            batch_invariant = os.environ.get(BATCH_INVARIANT_ENV, "1") != "0"
+            # On by default only where a mechanism makes it hold (`devices`).
+            default = "1" if self.layout.invariance_mechanism else "0"
+            batch_invariant = os.environ.get(BATCH_INVARIANT_ENV, default) != "0"
         self.batch_invariant = batch_invariant and self._can_pack
-        """A run's numbers do not depend on what shares its batches (see `invariance` and
-        `invariant_attention`): each training job runs its own micro-batches, prefill and
-        decoding stay fused on position-aligned attention. Needs the packed attention hook
-        (Gemma 3's layer types); other models run fused."""
+        """The invariant path runs (see `invariance` and `invariant_attention`): each training
+        job runs its own micro-batches, prefill and decoding stay fused on position-aligned
+        attention. Needs the packed attention hook (Gemma 3's layer types); other models run
+        fused."""
+
+    @property
+    def invariance_guaranteed(self) -> bool:
+        """A run's numbers do not depend on what shares its batches, and the sampler's logprobs
+        are the trainer's bit for bit: the invariant path runs on a device where a mechanism
+        makes it hold (the CPU's; on CUDA and MPS none does here, see `devices`)."""
+        return self.batch_invariant and self.layout.invariance_mechanism is not None
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()

@@ -10,12 +10,15 @@ time in the kernel on 32 M minor faults.
 
 The policy here: blocks come from the heap (no `mmap`), one arena serves every thread (a thread
 arena cannot hold blocks over 64 MiB), and the heap is not trimmed while the engine works, so
-busy steps reuse warm memory. What is kept is bounded: after each batch the scheduler calls
-`release_above_budget`, and when the process's RSS exceeds `KEPT_MEMORY_FRACTION` of the
-machine's RAM every free page goes back (`malloc_trim`, the middle of the heap included), so
-shapes that fragment the heap cannot make RSS grow without bound; an engine idle for a while
-gives everything back (`release_freed_memory`). Only glibc has these knobs; elsewhere this does
-nothing. `AUTORESEARCH_KEEP_FREED_MEMORY=0` keeps glibc's defaults.
+busy steps reuse warm memory. What is kept is bounded by what the machine has now: after each
+batch the scheduler calls `release_above_budget`, and every free page goes back (`malloc_trim`,
+the middle of the heap included) when the process's RSS exceeds `KEPT_MEMORY_FRACTION` of its
+memory limit (the container's cgroup limit where one is set, else the RAM), or when what is
+available to it (`MemAvailable`, and the cgroup's headroom) falls under `RESERVE_FRACTION` of
+that limit because other processes (a notebook kernel, a second engine) use it. So shapes that
+fragment the heap cannot make RSS grow without bound, and a busy neighbour gets the pages back;
+an engine idle for a while gives everything back (`release_freed_memory`). Only glibc has these
+knobs; elsewhere this does nothing. `AUTORESEARCH_KEEP_FREED_MEMORY=0` keeps glibc's defaults.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import ctypes.util
 import logging
 import os
 import platform
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +41,11 @@ _NEVER = -1
 """As a trim threshold, -1 becomes SIZE_MAX in glibc: never trim."""
 _TOP_PAD = 256 << 20
 KEPT_MEMORY_FRACTION = 0.6
-"""RSS above this share of physical memory after a batch makes the free pages go back."""
+"""RSS above this share of the memory limit after a batch makes the free pages go back."""
+RESERVE_FRACTION = 0.15
+"""Less than this share of the memory limit available after a batch makes them go back too."""
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+MEMINFO = Path("/proc/meminfo")
 _state: dict[str, bool] = {}
 _libc: list[ctypes.CDLL] = []
 
@@ -129,12 +137,74 @@ def resident_bytes() -> int:
         return 0
 
 
+def _read_int(path: Path) -> int | None:
+    """An integer file's value (None when absent, unreadable or `max`)."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _meminfo(field: str, meminfo: Path) -> int | None:
+    """A `/proc/meminfo` field in bytes."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key == field:
+                return int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _cgroup_limit_and_usage(root: Path) -> tuple[int | None, int | None]:
+    """This process's cgroup memory limit and usage in bytes (v2, else v1; None where unset).
+
+    A pod's limit lives here; `SC_PHYS_PAGES` sees the whole host."""
+    limit = _read_int(root / "memory.max")
+    if limit is not None:
+        return limit, _read_int(root / "memory.current")
+    limit = _read_int(root / "memory" / "memory.limit_in_bytes")
+    if limit is not None and limit >= 1 << 60:  # v1 writes "no limit" as a huge number
+        limit = None
+    return limit, _read_int(root / "memory" / "memory.usage_in_bytes")
+
+
+def memory_limit_bytes(root: Path = CGROUP_ROOT, meminfo: Path = MEMINFO) -> int:
+    """The memory this process may use: its cgroup limit where one is set, else the RAM."""
+    physical = _meminfo("MemTotal", meminfo) or (
+        os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    limit, _ = _cgroup_limit_and_usage(root)
+    return min(physical, limit) if limit else physical
+
+
+def available_bytes(root: Path = CGROUP_ROOT, meminfo: Path = MEMINFO) -> int:
+    """Memory this process could still take now: the kernel's `MemAvailable`, and under a cgroup
+    limit no more than that limit's headroom."""
+    available = _meminfo("MemAvailable", meminfo)
+    if available is None:
+        available = memory_limit_bytes(root, meminfo)
+    limit, usage = _cgroup_limit_and_usage(root)
+    if limit and usage is not None:
+        available = min(available, max(0, limit - usage))
+    return available
+
+
+def over_budget(fraction: float = KEPT_MEMORY_FRACTION, reserve: float = RESERVE_FRACTION,
+                root: Path = CGROUP_ROOT, meminfo: Path = MEMINFO) -> bool:
+    """Whether kept memory should go back: RSS above `fraction` of the limit, or less than
+    `reserve` of it still available."""
+    limit = memory_limit_bytes(root, meminfo)
+    return (resident_bytes() > fraction * limit
+            or available_bytes(root, meminfo) < reserve * limit)
+
+
 def release_above_budget(fraction: float = KEPT_MEMORY_FRACTION) -> bool:
-    """`release_freed_memory` if RSS exceeds `fraction` of physical memory; True if it did."""
+    """`release_freed_memory` when `over_budget`; True if it did."""
     if not _state.get("applied"):
         return False
-    budget = fraction * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return resident_bytes() > budget and release_freed_memory()
+    return over_budget(fraction) and release_freed_memory()
 
 
 def release_freed_memory() -> bool:

@@ -23,10 +23,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 ROW_TILE = 16
 """Rows per fp32 GEMM under invariance: every row is computed in a `[ROW_TILE, K]` product."""
@@ -53,6 +54,23 @@ def row_invariant(enabled: bool = True) -> Iterator[None]:
 
 def rows_are_invariant() -> bool:
     return _ROW_INVARIANT.get()
+
+
+def checkpoint(function: Callable[..., torch.Tensor], *args: object) -> torch.Tensor:
+    """`torch.utils.checkpoint.checkpoint` (non-reentrant) whose recomputation in backward runs
+    under the row rule in force now.
+
+    On CUDA and MPS backward runs in autograd's own device threads, which do not see a context
+    variable set in the forward's thread: a head chunk computed in row tiles was recomputed
+    untiled there, and the checkpoint refused the tensors' other shapes (seen on an H200 with the
+    invariant path on). The rule is captured here and set again around the recomputation."""
+    enabled = _ROW_INVARIANT.get()
+
+    def under_the_same_rule(*inner: object) -> torch.Tensor:
+        with row_invariant(enabled):
+            return function(*inner)
+
+    return torch.utils.checkpoint.checkpoint(under_the_same_rule, *args, use_reentrant=False)
 
 
 GEMM_TILES = 32

@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.utils.checkpoint
+
+from server.engine.invariance import checkpoint
 
 KEY_BLOCK = 64
 """Key columns per block: every block's reductions have this fixed length."""
@@ -53,6 +54,11 @@ def block_attention(
     """`[B, q_heads, Q, dim]` queries at `[B, Q]` positions against position-aligned
     `[B, kv_heads, T, dim]` keys and values (column c holds position c; columns past a query's
     position are never read). Returns `[B, q_heads, Q, dim]`."""
+    out_dtype = query.dtype
+    # One place where dtypes meet: a wholly-bf16 model (CUDA, MPS) brings bf16 queries, keys
+    # and values; scores, the softmax and every block sum are computed in fp32 from all three,
+    # so the sampler's cached keys and the trainer's fresh ones give the same numbers.
+    query, key, value = query.float(), key.float(), value.float()
     batch, q_heads, count, dim = query.shape
     kv_heads = key.shape[1]
     group = q_heads // kv_heads
@@ -97,7 +103,7 @@ def block_attention(
         total = part_sum if total is None else total + part_sum
         out = part_out if out is None else out + part_out
     out = out / total.unsqueeze(-1)
-    return out[:, :, :rows].reshape(batch, q_heads, count, dim)
+    return out[:, :, :rows].reshape(batch, q_heads, count, dim).to(out_dtype)
 
 
 # ------------------------------------------------------------------ training views
@@ -185,10 +191,8 @@ def views_attention(
             q = take_columns(queries, row, cols).transpose(1, 2)  # [V, qh, chunk, D]
             scores = q.shape[0] * q.shape[1] * q.shape[2] * keys.shape[2]
             if torch.is_grad_enabled() and scores > CHECKPOINT_SCORES:
-                attended = torch.utils.checkpoint.checkpoint(
-                    block_attention, q, keys, values, pos, layout.window, scaling,
-                    use_reentrant=False,
-                )
+                attended = checkpoint(block_attention, q, keys, values, pos, layout.window,
+                                      scaling)
             else:
                 attended = block_attention(q, keys, values, pos, layout.window, scaling)
             v_idx, c_idx = real.nonzero(as_tuple=True)
@@ -263,8 +267,24 @@ class PositionCache:
             mine[rows] = theirs[0]
 
     def batch_select_indices(self, index: torch.Tensor) -> None:
+        """Keep the rows `index` names, in its order. Dropping finished rows (an increasing
+        index) moves the kept rows down in place, so the cache never holds two copies; any
+        other selection (a request's prefill repeated for its samples) gathers anew."""
+        order = index.tolist()
+        if all(a < b for a, b in zip(order, order[1:])) and len(order) <= self.keys[0].shape[0]:
+            for tensor in self.keys + self.values:
+                for to, taken in enumerate(order):
+                    if to != taken:
+                        tensor[to].copy_(tensor[taken])
+            self.keys = [k[: len(order)] for k in self.keys]
+            self.values = [v[: len(order)] for v in self.values]
+            return
         self.keys = [k[index] for k in self.keys]
         self.values = [v[index] for v in self.values]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
 
 def decode_attention(

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from server.engine.devices import DeviceLayout, deterministic_kernels, layout_for
 from server.engine.hardware import DtypeChoice, choose_dtype
 from server.engine.host_memory import keep_freed_memory
 from server.engine.lora import ATTN_MODULES, MLP_MODULES, UNEMBED_MODULES
@@ -48,6 +49,10 @@ class LoadedModel:
     """What the resident weights really are (e.g. a dequantized GGUF), for get_info."""
     dtype_reason: str = ""
     """Why the weights are served in `dtype` (detected bf16 instructions, a request)."""
+    layout: DeviceLayout | None = None
+    """The device whose numerics the model runs (another's when emulated); None: `device`'s."""
+    deterministic: bool = False
+    """CUDA's deterministic kernels are in force (`devices.deterministic_kernels`)."""
 
 
 def default_cache_dir() -> Path:
@@ -190,15 +195,24 @@ def load_base_model(
     device: str | None = None,
     dtype: str | None = None,
     cache_dir: Path | None = None,
+    emulate: str | None = None,
 ) -> LoadedModel:
-    """Load the base model that stays resident for every training run."""
+    """Load the base model that stays resident for every training run.
+
+    `emulate` ("cuda" or "mps") runs that device's layout on the CPU (`devices`): the model
+    wholly in its dtype, as the device would hold it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.perf_counter()
-    dev = pick_device(device)
+    if emulate and device not in (None, "", "auto", "cpu"):
+        raise ValueError(f"--emulate-device runs on the cpu; drop --device {device}")
+    dev = torch.device("cpu") if emulate else pick_device(device)
+    layout = layout_for(dev, emulate)
     if dev.type == "cpu":
         keep_freed_memory()  # the engine's temporaries live in host memory: keep it for reuse
-    choice = parse_dtype(dtype, dev)
+    choice = parse_dtype(dtype, torch.device(layout.kind))
+    if layout.emulated:
+        choice = DtypeChoice(choice.dtype, f"{choice.reason} (emulated on cpu)")
     torch_dtype = choice.dtype
     if is_embedded(model_id):
         path, converted = ensure_embedded_cache(cache_dir)
@@ -211,12 +225,13 @@ def load_base_model(
     tokenizer = AutoTokenizer.from_pretrained(location)
     # On CPU a half-precision model keeps fp32 activations (measured: as fast, closer sampler
     # and trainer); accelerators run wholly in it, as their attention kernels expect.
-    half = torch_dtype in (torch.bfloat16, torch.float16) and dev.type == "cpu"
+    half = torch_dtype in (torch.bfloat16, torch.float16) and not layout.wholly_half
     model = AutoModelForCausalLM.from_pretrained(
         location, dtype=torch.float32 if half else torch_dtype
     )
     if half:
         low_precision_matmuls(model, torch_dtype)
+    deterministic = deterministic_kernels(layout)
     model.to(dev)
     model.eval()
     for param in model.parameters():
@@ -224,11 +239,12 @@ def load_base_model(
     seconds = time.perf_counter() - started
     log.info(
         "loaded %s from %s on %s/%s (%s) in %.1fs",
-        name, source, dev, choice.name, choice.reason, seconds,
+        name, source, layout.name, choice.name, choice.reason, seconds,
     )
     origin = f"{origin}, served as {choice.name}"
     if half:
         origin += " (weights and matmul inputs; activations, attention and norms in float32)"
     return LoadedModel(
-        model, tokenizer, name, dev, torch_dtype, seconds, source, origin, choice.reason
+        model, tokenizer, name, dev, torch_dtype, seconds, source, origin, choice.reason,
+        layout, deterministic,
     )

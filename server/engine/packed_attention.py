@@ -46,6 +46,18 @@ class PackedLayout:
         default_factory=dict, compare=False, repr=False
     )
 
+    def prepared(self, device: torch.device | str) -> PackedLayout:
+        """This layout with every query chunk's keys and mask computed here (on the host,
+        where the segments are) and moved to `device`: the layers then only read them, with
+        no host synchronisation inside the model's layer loop."""
+        width = self.segments.shape[1]
+        ready = PackedLayout(self.segments.to(device), self.positions.to(device), self.window)
+        for first in range(0, width, QUERY_CHUNK):
+            stop = min(width, first + QUERY_CHUNK)
+            keys, mask = self.chunk(first, stop)
+            ready._chunks[(first, stop)] = (keys.to(device), mask.to(device))
+        return ready
+
     def chunk(self, first: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The key columns and the mask of queries `first:stop`, computed once and reused by
         every layer of this type (all layers of a forward see the same layout)."""

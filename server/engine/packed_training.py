@@ -73,9 +73,9 @@ class PackedTraining:
                 layer_type: invariant_attention.InvariantLayout(views, window)
                 for layer_type, window in self._windows.items()
             }
-        segments, positions = segments.to(self.device), positions.to(self.device)
         layouts = {
             layer_type: packed_attention.PackedLayout(segments, positions, window)
+            .prepared(self.device)
             for layer_type, window in self._windows.items()
         }
         return tokens, positions, real, layouts

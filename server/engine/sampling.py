@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from server.engine import decoding, host_decoding, invariant_attention
+from server.engine import decoding, host_decoding, invariant_attention, kv_budget
 from server.engine.invariance import row_invariant
 from server.engine.jobs import (
     TOPK_PAD_ID,
@@ -32,8 +32,6 @@ from server.protocol.codec import Datum, SampledSequence, SampleResult
 
 DEFAULT_MAX_TOKENS = 256
 MAX_NUM_SAMPLES = 1024
-MAX_DECODE_ROWS = 128
-"""Rows decoded together at most; a request for more samples is decoded in several batches."""
 MIN_TEMPERATURE = 1e-4
 """Below this a temperature is greedy decoding: dividing logits by less overflows float32 and
 every logprob would be NaN."""
@@ -54,6 +52,7 @@ class Sampling:
     device_sampling: bool
     first_token_from_scoring: bool
     batch_invariant: bool
+    activation_dtype: torch.dtype
     _can_pack: bool
     _windows: dict[str, int | None]
     _body: torch.nn.Module
@@ -205,20 +204,30 @@ class Sampling:
                 ]
         prefilled = [(j, job) for j, job in to_decode if j in last_hidden]
         to_decode = [(j, job) for j, job in to_decode if j not in last_hidden]
-        for batch in _decode_batches(prefilled, MAX_DECODE_ROWS):
-            # Per decode batch, as the prefill would: at most 128 vocabulary-wide rows at once.
+        width = self._decode_width([job for _, job in prefilled + to_decode])
+        for batch in _decode_batches(prefilled, width):
+            # Per decode batch, as the prefill would: no more vocabulary-wide rows at once.
             batch_jobs = [job for _, job in batch]
             logits = self._last_logits(batch_jobs,
                                        torch.stack([last_hidden[j] for j, _ in batch]))
             for (j, _), seqs in zip(batch, self._decode(batch_jobs, logits)):
                 results[j].sequences.extend(seqs)
-        for batch in _decode_batches(to_decode, MAX_DECODE_ROWS):
+        for batch in _decode_batches(to_decode, width):
             sequences = self._decode([job for _, job in batch])
             for (j, _), seqs in zip(batch, sequences):
                 results[j].sequences.extend(seqs)
         self.stats.busy_seconds += time.perf_counter() - started
         self.stats.sample_batches += 1
         return results
+
+    def _decode_width(self, jobs: list[SampleJob]) -> int:
+        """Rows decoded together: as many as the KV cache of the longest job fits in memory
+        (`kv_budget`)."""
+        if not jobs:
+            return kv_budget.MIN_DECODE_ROWS
+        capacity = max(len(job.prompt) + self._max_new(job) for job in jobs)
+        return kv_budget.decode_rows(self.model.config, capacity, self.activation_dtype,
+                                     self.vocab_size, torch.device(self.device))
 
     def _shared_prompt_logprobs(
         self, jobs: list[SampleJob], with_last: list[int] | None = None
@@ -406,7 +415,7 @@ class Sampling:
         head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
         cache = invariant_attention.PositionCache(
             config.num_hidden_layers, len(jobs), config.num_key_value_heads, capacity, head_dim,
-            torch.float32, self.device,
+            self.activation_dtype, self.device,
         )
         pad_id = int(self.tokenizer.pad_token_id or 0)
         tokens = torch.full((len(jobs), width), pad_id, dtype=torch.long)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.utils.checkpoint
 
+from server.engine import invariance
 from server.engine.invariant_attention import take_columns
 from server.engine.lora import RowGroup, routing
 
@@ -122,12 +122,8 @@ class HeadScoring:
                 if g.start < stop and g.stop > first
             ]
             parts.append(
-                torch.utils.checkpoint.checkpoint(
-                    self._head_logprobs,
-                    hidden[first:stop],
-                    targets[first:stop],
-                    local,
-                    use_reentrant=False,
+                invariance.checkpoint(
+                    self._head_logprobs, hidden[first:stop], targets[first:stop], local
                 )
             )
         return torch.cat(parts)
@@ -197,7 +193,7 @@ class HeadScoring:
             )
             if checkpointed:
                 parts.append(
-                    torch.utils.checkpoint.checkpoint(self._gather_head, *args, use_reentrant=False)
+                    invariance.checkpoint(self._gather_head, *args)
                 )
             else:
                 parts.append(self._gather_head(*args))

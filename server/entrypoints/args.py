@@ -29,6 +29,14 @@ def build_parser(prog: str = "autoresearch-server") -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16")
+    parser.add_argument(
+        "--emulate-device",
+        choices=("cuda", "mps"),
+        default=None,
+        help="run that device's numerics on the CPU (model wholly in bf16, its attention and "
+        "invariance paths, the capability flags it reports): the device's code path without "
+        "the device",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--data-dir", type=Path, default=None, help="where checkpoints are written")
@@ -108,6 +116,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         model=args.model,
         device=args.device,
         dtype=args.dtype,
+        emulate_device=args.emulate_device,
         host=args.host,
         port=args.port,
         api_keys_file=args.api_keys_file,

@@ -81,7 +81,8 @@ def run_trainer(args: argparse.Namespace) -> None:
 
     config = config_from_args(args)
     store = Store(connect(args.redis_url), Keys(args.redis_prefix))
-    engine = Engine(load_base_model(config.model, config.device, config.dtype),
+    engine = Engine(load_base_model(config.model, config.device, config.dtype,
+                                    emulate=config.emulate_device),
                     max_context=config.max_context)
     tokenizer_id = config.tokenizer_id
     if tokenizer_id is None and is_embedded(config.model):
@@ -109,7 +110,8 @@ def _backend(args: argparse.Namespace, config: Any, fallbacks: Any = None) -> tu
         from server.engine.engine import Engine
         from server.engine.model_loading import load_base_model
 
-        engine = Engine(load_base_model(config.model, config.device, config.dtype),
+        engine = Engine(load_base_model(config.model, config.device, config.dtype,
+                                    emulate=config.emulate_device),
                         max_context=config.max_context)
         return engine, engine.device
     if args.backend == "vllm":

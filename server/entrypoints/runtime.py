@@ -37,6 +37,8 @@ class ServerConfig:
     """Hugging Face id or local directory; None serves the packaged Gemma 3 270M."""
     device: str | None = None
     dtype: str | None = None
+    emulate_device: str | None = None
+    """Run this device's layout (cuda or mps) on the CPU (`server.engine.devices`)."""
     host: str = "127.0.0.1"
     port: int = 8000
     data_dir: Path = field(default_factory=lambda: default_cache_dir().parent / "server-data")
@@ -59,7 +61,8 @@ def build_service(config: ServerConfig) -> tuple[TrainingService, KeyRing]:
             f"refusing to listen on {config.host} without API keys: configure --api-keys-file "
             "or AUTORESEARCH_API_KEYS, or bind to 127.0.0.1"
         )
-    loaded = load_base_model(config.model, config.device, config.dtype)
+    loaded = load_base_model(config.model, config.device, config.dtype,
+                             emulate=config.emulate_device)
     if config.model_name:
         loaded.model_name = config.model_name
     engine = Engine(loaded, max_context=config.max_context)

@@ -40,6 +40,10 @@ class ServiceCore:
     hook, comes from `sessions`.
     """
 
+    sampler_is_engine = True
+    """Samples come from this process's engine, so sampler and trainer share its numerics. A
+    split deployment's sampler workers (vLLM, or a torch engine on another machine) do not."""
+
     def __init__(
         self,
         engine: Engine,

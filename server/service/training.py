@@ -83,13 +83,17 @@ class TrainingRequests(RunOrdering):
         """What the resident base model really is: where its weights came from, its dtype, and
         whether a run's bits are its own (batch invariance; sampler and trainer bitwise equal
         at temperature 1 without top-k or top-p when so)."""
-        invariant = self.engine.batch_invariant
+        engine = self.engine
+        invariant = engine.invariance_guaranteed
         return {
-            "base_model_origin": self.engine.model_origin,
-            "dtype": str(self.engine.dtype).removeprefix("torch."),
-            "dtype_reason": self.engine.dtype_reason,
+            "base_model_origin": engine.model_origin,
+            "dtype": str(engine.dtype).removeprefix("torch."),
+            "dtype_reason": engine.dtype_reason,
+            "device": engine.layout.kind,
+            "emulated": engine.layout.emulated,
             "batch_invariant": invariant,
-            "sampler_trainer_bitwise": invariant,
+            "sampler_trainer_bitwise": invariant and self.sampler_is_engine,
+            "deterministic": invariant or engine.deterministic,
             "threads": torch.get_num_threads(),
         }
 

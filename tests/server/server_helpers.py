@@ -16,17 +16,9 @@ import numpy as np
 import tinker
 from tinker import types
 
+from tools.gemma_shapes import build_model
 from tools.processes import ServiceProcess, server_command, wait_until, without_api_keys
 
-TINY_CORPUS = [
-    "select name from users where id = 1;",
-    "select count(*) from orders group by customer_id;",
-    "the quick brown fox jumps over the lazy dog",
-    "SELECT a, b FROM t JOIN u ON t.id = u.id WHERE b > 10 ORDER BY a;",
-    "hello world, hello server, hello tinker",
-] * 20
-TINY_VOCAB = 320
-SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>"]
 API_KEY = "tml-tests"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,49 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def build_tiny_model(directory: Path, corpus: list[str] | None = None,
                      max_position_embeddings: int = 512) -> Path:
     """Save a random 2-layer Gemma 3 and a byte-level BPE tokenizer of ~300 tokens."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedTokenizerFast
-
-    raw = Tokenizer(models.BPE(unk_token="<unk>"))
-    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    raw.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TINY_VOCAB,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    raw.train_from_iterator(corpus or TINY_CORPUS, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=raw, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
-        unk_token="<unk>",
-    )
-    config = Gemma3TextConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        query_pre_attn_scalar=32,
-        max_position_embeddings=max_position_embeddings,
-        # One sliding-window layer with a short window, so sequences longer than 32 tokens
-        # exercise the sliding cache the way long prompts do on the real Gemma 3.
-        sliding_window=32,
-        layer_types=["sliding_attention", "full_attention"],
-        # Larger than the default 0.02, so the random model's predictions are peaked.
-        initializer_range=0.2,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
-    torch.manual_seed(0)
-    model = Gemma3ForCausalLM(config)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return build_model(directory, "tiny", corpus, max_position_embeddings)
 
 
 def start_server(model_dir: Path | None, data_dir: Path, **overrides):

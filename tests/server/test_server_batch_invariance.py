@@ -1,7 +1,8 @@
 """A run's numbers are bitwise the same alone and batched with other runs.
 
 On the tiny random Gemma 3 in float32 (its fp32 matmuls are the ones whose bits depend on the
-row count) and with the engine's default invariance on: one run's forward_backward (losses,
+row count), and in the CUDA and MPS layouts emulated on the CPU (wholly bf16), with invariance
+on: one run's forward_backward (losses,
 every logprob, every gradient, the weights after a step) and one request's samples (tokens and
 logprobs) are computed alone, then fused with one to three other runs of other shapes, prompt
 lengths, sample counts and losses, and compared with `torch.equal` / `np.array_equal`. With
@@ -21,9 +22,18 @@ from server.protocol.codec import Datum
 from tests.server.test_server_prefix_sharing import _named, new_state, rl_group, sft_data
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir) -> Engine:
-    engine = Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"))
+@pytest.fixture(scope="module", params=["cpu", "cuda", "mps"])
+def engine(tiny_model_dir, request) -> Engine:
+    """The CPU's engine in float32, and each accelerator's layout emulated on the CPU (the
+    model wholly in bf16) with the invariant path forced on: the bits hold there on the CPU's
+    kernels, which is what the emulation can show; on the devices themselves nothing
+    guarantees them, and the engine says so (`test_server_device_emulation`)."""
+    if request.param == "cpu":
+        engine = Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"))
+    else:
+        engine = Engine(load_base_model(str(tiny_model_dir), emulate=request.param),
+                        batch_invariant=True)
+        assert engine.activation_dtype == torch.bfloat16
     assert engine.batch_invariant
     return engine
 

@@ -12,8 +12,11 @@ and there half products are tiled (`half_rows_are_invariant`).
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
+import torch.utils.checkpoint
 
 from server.engine import invariance
 
@@ -121,3 +124,44 @@ def test_the_half_probe_is_measured_once_per_shape_dtype_device_and_thread_count
     assert invariance.half_rows_are_invariant(*key) is first
     info = invariance.half_rows_are_invariant.cache_info()
     assert (info.hits, info.misses) == (1, 1)
+
+
+def _backward_in_a_new_thread(output: torch.Tensor) -> None:
+    """Backward as CUDA and MPS run it: in a thread that did not set the forward's context
+    variables (a new Python thread starts with none)."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            output.sum().backward()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+
+
+def test_a_checkpointed_product_recomputes_under_the_forward_rule_in_another_thread():
+    weight = torch.randn(24, 8)
+    rules: list[bool] = []
+
+    def product(a: torch.Tensor) -> torch.Tensor:
+        rules.append(invariance.rows_are_invariant())  # at the forward, then the recomputation
+        return invariance.linear(a, weight, None)
+
+    x = torch.randn(5, 8, requires_grad=True)  # 5 rows: tiled, the product pads to 16
+    with invariance.row_invariant():
+        out = invariance.checkpoint(product, x)
+    _backward_in_a_new_thread(out)
+    assert rules == [True, True]
+    assert torch.allclose(x.grad, weight.sum(0).expand(5, 8), atol=1e-5)
+    # torch's own checkpoint recomputes without the rule there (on an H200 the head's chunks
+    # were then recomputed untiled, and the checkpoint refused their other shapes)
+    rules.clear()
+    with invariance.row_invariant():
+        plain = torch.utils.checkpoint.checkpoint(product, x, use_reentrant=False)
+    _backward_in_a_new_thread(plain)
+    assert rules == [True, False]
