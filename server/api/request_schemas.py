@@ -2,10 +2,11 @@
 
 The `tinker` package defines a pydantic model for each request it sends; checking the fields a
 body carries against those models means a list where an id belongs, an object where a name
-belongs or superscript digits in an integer are refused with the field named (HTTP 400) instead
-of reaching `dict()`, `.get` or a path on disk as a server fault. Only fields that are present
-are checked, and unknown ones are left alone: missing fields are the service's to name, and a
-client that sends an extra key is not refused for it.
+belongs, superscript digits in an integer or a null where the model admits none are refused
+with the field named (HTTP 400) instead of reaching `dict()`, `.get` or a path on disk as a
+server fault. Only fields that are present are checked, and unknown ones are left alone:
+missing fields are the service's to name, and a client that sends an extra key is not refused
+for it.
 """
 
 from __future__ import annotations
@@ -47,16 +48,29 @@ def _field_adapter(model: type[pydantic.BaseModel], name: str) -> pydantic.TypeA
     return pydantic.TypeAdapter(annotation)
 
 
+@functools.cache
+def _admits_null(model: type[pydantic.BaseModel], name: str) -> bool:
+    """Whether the SDK's model takes null for this field (an Optional one)."""
+    adapter = _field_adapter(model, name)
+    try:
+        adapter.validate_python(None)
+    except pydantic.ValidationError:
+        return False
+    return True
+
+
 def check_fields(route: str, body: dict[str, Any]) -> None:
     """Raise `FieldError` naming the first present field whose value the SDK's model refuses."""
     model = REQUEST_MODELS.get(route)
     if model is None:
         return
     for name, value in body.items():
-        if value is None:
-            continue
         adapter = _field_adapter(model, name)
         if adapter is None:
+            continue
+        if value is None:  # null where the SDK's model admits it is "not given"
+            if not _admits_null(model, name):
+                raise FieldError(f"{name}: must not be null")
             continue
         try:
             adapter.validate_python(value)

@@ -16,6 +16,7 @@ paths and the flags are the device's; the kernels and their summation order are 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -63,15 +64,17 @@ def layout_for(device: torch.device, emulate: str | None = None) -> DeviceLayout
     return DeviceLayout(device.type, device, True, None)
 
 
+DETERMINISTIC_ENV = "AUTORESEARCH_DETERMINISTIC"
+
+
 def deterministic_kernels(layout: DeviceLayout) -> bool:
     """Ask CUDA for deterministic kernels (a fixed cuBLAS workspace, no atomic adds in the
     backward of `index_select` and friends), so the same seeds give the same bits run after run
-    on one GPU and one batch composition. This is reproducibility, not batch invariance. True
-    when in force."""
-    if layout.emulated or layout.kind != "cuda":
+    on one GPU and one batch composition. This is reproducibility, not batch invariance. On an
+    H200 it cost 19-28% of decoding throughput (`bench/device_check.py`);
+    `AUTORESEARCH_DETERMINISTIC=0` turns it off. True when in force."""
+    if layout.emulated or layout.kind != "cuda" or os.environ.get(DETERMINISTIC_ENV) == "0":
         return False
-    import os
-
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = False

@@ -115,6 +115,25 @@ def low_precision_matmuls(model: torch.nn.Module, dtype: torch.dtype) -> None:
     embedding.register_forward_hook(lambda _module, _inputs, output: output.float())
 
 
+class ModelNotFound(RuntimeError):
+    """The model is neither a local directory nor reachable on the Hub."""
+
+
+def not_found_message(location: str, error: BaseException) -> str:
+    """What to do when a model id cannot be loaded: a gated or offline Hub id needs a local
+    copy, served under the id clients use."""
+    if Path(location).exists():
+        return f"{location} is not a transformers model directory ({error})"
+    return (
+        f"cannot load {location!r}: it is not a local directory and the Hub did not serve it "
+        f"({type(error).__name__}). Gemma 3 1B and larger are gated: on a machine with access "
+        f"run `hf download {location} --local-dir DIR` (after accepting the licence), copy DIR "
+        f"here, then serve it under the name clients use: `python -m server --model DIR "
+        f"--model-name {location}` (and for vLLM `vllm serve DIR --served-model-name "
+        f"{location}`)"
+    )
+
+
 def is_embedded(model_id: str | None) -> bool:
     return model_id is None or model_id in EMBEDDED_ALIASES
 
@@ -222,7 +241,10 @@ def load_base_model(
     else:
         name, location, source = str(model_id), str(model_id), "pretrained"
         origin = f"transformers checkpoint {location}"
-    tokenizer = AutoTokenizer.from_pretrained(location)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location)
+    except OSError as exc:
+        raise ModelNotFound(not_found_message(location, exc)) from exc
     # On CPU a half-precision model keeps fp32 activations (measured: as fast, closer sampler
     # and trainer); accelerators run wholly in it, as their attention kernels expect.
     half = torch_dtype in (torch.bfloat16, torch.float16) and not layout.wholly_half

@@ -113,7 +113,10 @@ class Sampling:
                 raise UserError(f"stop strings are at most {MAX_STOP_CHARS} characters")
             return
         if all(isinstance(s, int) and not isinstance(s, bool) for s in stop):
-            self._check_vocab(np.asarray(stop, dtype=np.int64), "stop token")
+            outside = [s for s in stop if not 0 <= s < self.vocab_size]
+            if outside:  # before numpy, which cannot hold every Python integer
+                raise UserError(f"stop token: token id {outside[0]} is outside the vocabulary "
+                                f"[0, {self.vocab_size})")
             return
         raise UserError("stop takes strings or token ids, not a mix or other values")
 

@@ -21,11 +21,15 @@ def main(argv: list[str] | None = None) -> None:
 
         run_role(argv[0], argv[1:])
         return
+    from server.engine.model_loading import ModelNotFound
     from server.entrypoints.runtime import serve
 
     config = parse_args(argv)
     configure_logging(json_lines=getattr(config, "log_json", False))
-    serve(config)
+    try:
+        serve(config)
+    except ModelNotFound as exc:  # a gated or offline model: say what to do, no traceback
+        raise SystemExit(f"error: {exc}") from None
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import threading
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -43,6 +44,12 @@ def role_parser(role: str) -> argparse.ArgumentParser:
         group.add_argument("--backend", default="torch",
                            help="torch, vllm, or module:factory called with these arguments")
         group.add_argument("--vllm-url", default=None, help="the vLLM server (--backend vllm)")
+        group.add_argument("--vllm-wait-seconds", type=float, default=900.0,
+                           help="how long to wait for vLLM to answer at start (it loads the "
+                           "model first), with backoff")
+        group.add_argument("--adapter-root", type=Path, default=None,
+                           help="writable directory, seen by vLLM at the same path, where "
+                           "adapters are published (<root>/adapters; default: --data-dir)")
         group.add_argument("--max-rows", type=int, default=64,
                            help="most samples decoded together in one batch")
     return parser
@@ -118,8 +125,10 @@ def _backend(args: argparse.Namespace, config: Any, fallbacks: Any = None) -> tu
         from server.samplers import make_sampler
 
         # vLLM reads adapters from the shared data dir, as this worker does.
-        return make_sampler("vllm", base_url=args.vllm_url, adapter_root=config.data_dir,
-                            model=config.model, fallbacks=fallbacks), "cpu"
+        return make_sampler("vllm", base_url=args.vllm_url,
+                            adapter_root=args.adapter_root or config.data_dir,
+                            model=config.model, fallbacks=fallbacks,
+                            wait_s=args.vllm_wait_seconds), "cpu"
     module, _, name = args.backend.partition(":")
     if not name:
         raise SystemExit(f"unknown sampling backend {args.backend!r}: use torch, vllm or "

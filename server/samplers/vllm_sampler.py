@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -49,10 +50,18 @@ from server.samplers.completions import (
     wants_prompt_logprobs,
 )
 from server.samplers.fallbacks import FallbackLog
-from server.samplers.openai_http import OpenAICompatClient, VLLMError, VLLMRequestError
+from server.samplers.openai_http import (
+    OpenAICompatClient,
+    VLLMError,
+    VLLMRequestError,
+    VLLMUnavailable,
+)
 from server.samplers.semantics import REQUIRED_FLAG, LogprobSemantics, SemanticsError, probe
 
 log = logging.getLogger(__name__)
+WAIT_FIRST_S = 1.0
+WAIT_MAX_S = 30.0
+"""Backoff between attempts to reach a vLLM that is still starting: 1, 2, 4 ... 30 s."""
 
 SERVABLE_MODULES = ATTN_MODULES + MLP_MODULES
 """LoRA targets vLLM applies to Gemma 3; `lm_head` is not among them."""
@@ -125,7 +134,12 @@ class VLLMSampler:
         elif self.model not in bases:
             raise VLLMError(f"vLLM serves {bases}, not {self.model!r}; start it with "
                             f"--served-model-name {self.model}")
-        self.publisher = AdapterPublisher(self.adapter_root, self.model)
+        try:
+            self.publisher = AdapterPublisher(self.adapter_root, self.model)
+        except OSError as exc:  # a read-only mount, say
+            raise VLLMError(f"cannot publish adapters under {self.adapter_root}/adapters "
+                            f"({exc.strerror or exc}): give the sampler a writable directory "
+                            "that vLLM sees at the same path (--adapter-root)") from None
         self.semantics = probe(self.client, self.model)
         if not self.semantics.tempered:
             message = (f"vLLM at {self.client.base_url} reports raw-model logprobs, but Tinker "
@@ -309,13 +323,16 @@ def make_sampler(
     client: OpenAICompatClient | None = None,
     client_options: dict | None = None,
     fallbacks: FallbackLog | None = None,
+    wait_s: float = 0.0,
     **options,
 ) -> Sampler:
     """The sampler for `backend`: "torch" (the engine) or "vllm", which falls back to the engine
     with a logged warning when no vLLM server is usable (no URL, unreachable, or reporting the
     wrong logprob semantics). `client_options` go to `OpenAICompatClient` (timeouts, retries),
     `options` to `VLLMSampler` (e.g. `max_loaded_adapters`). `fallbacks` logs and counts every
-    request that goes to the torch sampler instead of vLLM.
+    request that goes to the torch sampler instead of vLLM. `wait_s` is how long an unreachable
+    vLLM is waited for (it loads a model for minutes after its pod starts), with backoff, before
+    that; a vLLM that answers wrongly is refused at once.
     """
     fallbacks = fallbacks or FallbackLog()
     if backend == "torch":
@@ -342,13 +359,24 @@ def make_sampler(
         fallbacks=fallbacks,
         **options,
     )
-    try:
-        return sampler.start()
-    except VLLMError as exc:
-        sampler.close()
-        if isinstance(exc, SemanticsError):
-            log.error("refusing vLLM: %s", exc)
-        return _fall_back(engine, str(exc), fallbacks)
+    deadline, pause = time.monotonic() + wait_s, WAIT_FIRST_S
+    while True:
+        try:
+            return sampler.start()
+        except VLLMUnavailable as exc:
+            if time.monotonic() + pause > deadline:
+                sampler.close()
+                return _fall_back(engine, str(exc), fallbacks)
+            log.info("vLLM at %s is not answering yet (%s); trying again in %.0f s",
+                     client.base_url, exc, pause)
+            time.sleep(pause)
+            pause = min(WAIT_MAX_S, pause * 2)
+        except VLLMError as exc:
+            sampler.close()
+            if isinstance(exc, SemanticsError):
+                log.error("refusing vLLM: %s", exc)
+            return _fall_back(engine, str(exc), fallbacks)
+
 
 
 def _fall_back(engine: Engine | None, reason: str, fallbacks: FallbackLog) -> Sampler:

@@ -9,6 +9,7 @@ from server.engine.engine import UserError
 from server.engine.lora import LoraSpec
 from server.protocol.futures import FutureRecord
 from server.scheduling.scheduler import Work
+from server.service.errors import NotFound
 from server.service.ordering import RunOrdering
 from server.service.records import Run, Sampler
 from server.service.request_fields import flag, integer, metadata, optional_integer
@@ -150,7 +151,11 @@ class CheckpointRequests(RunOrdering):
         self._readable_checkpoint(owner, path)
         import json
 
-        config = json.loads((self.store.checkpoint_dir(path) / "adapter_config.json").read_text())
+        try:
+            config = json.loads(
+                (self.store.checkpoint_dir(path) / "adapter_config.json").read_text())
+        except FileNotFoundError:  # expired or deleted between the check and the read
+            raise NotFound(f"checkpoint {tinker_path!r} no longer exists") from None
         from server.storage.checkpoints import spec_from_peft
 
         spec = spec_from_peft(config)

@@ -68,14 +68,21 @@ def search(
     body: dict[str, Any],
     checkpoints_of: Callable[[SessionLike], int],
 ) -> dict[str, Any]:
-    owner_filter = (body.get("owner") or {"type": "own"}).get("type", "own")
+    body = {key: value for key, value in body.items() if value is not None}  # null: not given
+    for key, kind in (("owner", dict), ("user_metadata", dict), ("statuses", list),
+                      ("cursor", dict)):
+        if key in body and not isinstance(body[key], kind):
+            raise SearchError(f"{key} must be {'an object' if kind is dict else 'a list'}")
+    if any(not isinstance(query, dict) for query in body.get("statuses", [])):
+        raise SearchError("statuses must be a list of objects with a 'type'")
+    owner_filter = body.get("owner", {"type": "own"}).get("type", "own")
     if owner_filter == "user":
         raise SearchError("sessions belong to API keys here; searching other owners is not "
                           "possible (use owner 'own')")
     if body.get("project_ids"):
         raise SearchError("projects are not modelled by this server; omit project_ids")
-    limit = int(body.get("limit", 50))
-    if not 1 <= limit <= 200:
+    limit = body.get("limit", 50)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 200:
         raise SearchError("limit must be between 1 and 200")
     wanted_meta = {str(k): str(v) for k, v in (body.get("user_metadata") or {}).items()}
     found = [

@@ -167,6 +167,10 @@ UNPORTABLE = set('<>:"\\|?*%')
 and "%", which escapes them."""
 
 
+MAX_NAME_BYTES = 255
+"""The longest file name ext4, APFS and most file systems hold: a longer run id is no run's."""
+
+
 def run_dir_name(run_id: str) -> str:
     """The directory name of a run: its id with unportable characters percent-escaped
     (`sess-1:train:0` -> `sess-1%3Atrain%3A0`), so every OS can hold it; reversible."""
@@ -189,6 +193,8 @@ class CheckpointStore:
     def run_dir(self, run_id: str) -> Path:
         if "/" in run_id or run_id in (".", "..") or not run_id:
             raise CheckpointError(f"invalid run id {run_id!r}")
+        if len(run_dir_name(run_id).encode()) > MAX_NAME_BYTES:
+            raise CheckpointError(f"invalid run id {run_id[:80]!r}...: longer than any run's")
         directory = self.root / "runs" / run_dir_name(run_id)
         if not directory.exists():
             legacy = self.root / "runs" / run_id  # written before names were made portable

@@ -490,3 +490,57 @@ def test_the_guide_applies_only_overlays_that_exist():
         if "-k deploy/gke/overlays/" in line:
             path = line.split("-k ", 1)[1].split()[0]
             assert (ROOT / path / "kustomization.yaml").exists(), line
+
+
+def _flag_pairs(argv: list[str]) -> list[str]:
+    """`--flag value` and `--flag=value` alike, as `--flag=value`."""
+    pairs: list[str] = []
+    for i, token in enumerate(argv):
+        if token.startswith("--") and "=" not in token and i + 1 < len(argv) \
+                and not argv[i + 1].startswith("--"):
+            continue  # its value follows
+        if i > 0 and argv[i - 1].startswith("--") and "=" not in argv[i - 1] \
+                and not token.startswith("--"):
+            pairs.append(f"{argv[i - 1]}={token}")
+        else:
+            pairs.append(token)
+    return pairs
+
+
+def test_the_vllm_container_runs_the_codes_serve_command(rendered):
+    """The sampler worker refuses a vLLM whose logprobs are not the tempered ones, so the pod's
+    `vllm serve` must be the code's own `serve_command()` for the manifest's values."""
+    from server.samplers.vllm_process import serve_command
+
+    sampler = next(doc for doc in rendered["split"] if doc["kind"] == "Deployment"
+                   and doc["metadata"]["name"] == "autoresearch-sampler")
+    containers = {c["name"]: c for c in sampler["spec"]["template"]["spec"]["containers"]}
+    vllm = containers["vllm"]
+    flags = dict(arg.split("=", 1) for arg in vllm["args"] if "=" in arg)
+    argv, env = serve_command(
+        "$(VLLM_MODEL)", served_model_name="$(BASE_MODEL)", host=flags["--host"],
+        port=int(flags["--port"]), max_loras=int(flags["--max-loras"]),
+        max_lora_rank=int(flags["--max-lora-rank"]),
+        max_cpu_loras=int(flags["--max-cpu-loras"]),
+        max_logprobs=int(flags["--max-logprobs"]), dtype=flags["--dtype"],
+        gpu_memory_utilization=float(flags["--gpu-memory-utilization"]))
+    assert _flag_pairs(vllm["command"] + vllm["args"]) == _flag_pairs(argv)
+    literal_env = {e["name"]: e["value"] for e in vllm["env"] if "value" in e}
+    assert {k: literal_env.get(k) for k in env} == env
+    worker = containers["sampler"]
+    assert f"--vllm-url=http://localhost:{flags['--port']}" in worker["args"]
+    assert "startupProbe" in worker  # it waits minutes for vLLM before serving health
+
+
+def test_nothing_writes_under_a_read_only_mount(rendered):
+    """The sampler worker publishes adapters: its --adapter-root must be a writable mount that
+    the vLLM container sees at the same path."""
+    sampler = next(doc for doc in rendered["split"] if doc["kind"] == "Deployment"
+                   and doc["metadata"]["name"] == "autoresearch-sampler")
+    containers = {c["name"]: c for c in sampler["spec"]["template"]["spec"]["containers"]}
+    worker, vllm = containers["sampler"], containers["vllm"]
+    root = next(a.split("=", 1)[1] for a in worker["args"] if a.startswith("--adapter-root="))
+    mounts = {m["mountPath"]: m for m in worker["volumeMounts"]}
+    assert root in mounts and not mounts[root].get("readOnly")
+    assert root in {m["mountPath"] for m in vllm["volumeMounts"]}
+    assert mounts["/data"]["readOnly"] is True

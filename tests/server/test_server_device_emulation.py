@@ -15,8 +15,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -37,6 +35,7 @@ from tests.server.test_server_prefix_sharing import new_state, rl_group, sft_dat
 from tools import compat_report
 from tools.compat_report import Status
 from tools.host_syncs import syncs_inside_layers
+from tools.processes import ServiceProcess, server_command
 
 DEVICES = ["cuda", "mps"]
 LOGPROB_ATOL = 0.1
@@ -289,28 +288,16 @@ def test_python_m_server_emulates_a_device_for_an_sdk_round_trip(tiny_model_dir,
     import tinker
 
     port = _free_port()
+    command = server_command("--model", str(tiny_model_dir), "--emulate-device", kind,
+                             "--port", str(port), "--data-dir", str(tmp_path / "data"))
     env = {**os.environ, "AUTORESEARCH_API_KEYS": API_KEY, "HF_HUB_OFFLINE": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "server", "--model", str(tiny_model_dir), "--emulate-device", kind,
-         "--port", str(port), "--data-dir", str(tmp_path / "data")],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                assert process.poll() is None, process.stderr.read()
-                assert time.monotonic() < deadline, "the server did not come up"
-                time.sleep(0.5)
-        facts = _capabilities(url)
+    with ServiceProcess(command, tmp_path / "server.log", f"http://127.0.0.1:{port}", env) as srv:
+        srv.wait_answers(timeout=120)
+        facts = _capabilities(srv.url)
         assert facts["device"] == kind and facts["emulated"] is True
-        with tinker.ServiceClient(base_url=url, api_key=API_KEY) as client:
-            trainer = client.create_lora_training_client(base_model=str(tiny_model_dir), rank=4)
+        with tinker.ServiceClient(base_url=srv.url, api_key=API_KEY) as client:
+            trainer = client.create_lora_training_client(
+                base_model=str(tiny_model_dir), rank=4).result()
             tokens = list(range(5, 25))
             datum = tinker.Datum(
                 model_input=tinker.ModelInput.from_ints(tokens[:-1]),
@@ -325,7 +312,44 @@ def test_python_m_server_emulates_a_device_for_an_sdk_round_trip(tiny_model_dir,
             assert len(sample.sequences) == 2
             assert all(len(s.tokens) == len(s.logprobs) for s in sample.sequences)
             state = trainer.save_state("emulated-state").result()
-            trainer.load_state(state.path).result()
+            restored = client.create_training_client_from_state_with_optimizer(state.path)
+            assert restored.result().get_info().model_data.model_name
+
+
+# ------------------------------------------------------------------ models from a directory
+def test_a_local_directory_is_served_and_sampled_under_the_hub_name(tiny_model_dir, tmp_path):
+    """A gated model (Gemma 3 1B) copied to a local directory is served under the id clients
+    use, by the server and by vLLM alike."""
+    import tinker
+
+    from server.samplers.vllm_process import serve_command
+
+    name = "google/gemma-3-1b-pt"
+    server = start_server(tiny_model_dir, tmp_path / "data", model_name=name,
+                          emulate_device="cuda", dtype=None)
+    try:
+        assert _capabilities(server.url)["model_name"] == name
+        with tinker.ServiceClient(base_url=server.url, api_key=API_KEY) as client:
+            trainer = client.create_lora_training_client(base_model=name, rank=4)
+            sampler = trainer.save_weights_and_get_sampling_client("named")
+            sample = sampler.sample(tinker.ModelInput.from_ints([5, 6, 7]), 1,
+                                    tinker.SamplingParams(max_tokens=3, seed=1)).result()
+            assert len(sample.sequences[0].tokens) == 3
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        server.stop()
+    command, _env = serve_command(tiny_model_dir, served_model_name=name)
+    assert command[2] == str(tiny_model_dir)
+    assert command[command.index("--served-model-name") + 1] == name
+
+
+def test_an_unreachable_hub_id_says_how_to_serve_it_from_a_directory(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    done = subprocess.run(
+        server_command("--model", "google/gemma-3-1b-pt", "--device", "cpu", "--port",
+                       str(_free_port()), "--data-dir", str(tmp_path / "data")),
+        env=env, capture_output=True, text=True, timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode != 0
+    assert "--model DIR --model-name google/gemma-3-1b-pt" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -176,3 +176,56 @@ def test_importing_autoresearch_first_keeps_one_arena_for_a_later_engine_thread(
     result, stderr = _thread_probe("package")
     assert result["arenas"] == 1 and result["faults"] < 100, result
     assert "malloc arenas existed" not in stderr
+
+
+def _meminfo(path, total_gib: float, available_gib: float):
+    path.write_text(f"MemTotal:       {int(total_gib * 2**20)} kB\n"
+                    f"MemFree:        1000 kB\n"
+                    f"MemAvailable:   {int(available_gib * 2**20)} kB\n")
+    return path
+
+
+def test_the_memory_limit_is_the_containers_not_the_hosts(tmp_path):
+    from server.engine import host_memory
+
+    meminfo = _meminfo(tmp_path / "meminfo", 64, 60)
+    plain = tmp_path / "no-cgroup"
+    plain.mkdir()
+    assert host_memory.memory_limit_bytes(plain, meminfo) == 64 << 30
+    assert host_memory.available_bytes(plain, meminfo) == 60 << 30
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.max").write_text(f"{8 << 30}\n")
+    (v2 / "memory.current").write_text(f"{6 << 30}\n")
+    assert host_memory.memory_limit_bytes(v2, meminfo) == 8 << 30
+    assert host_memory.available_bytes(v2, meminfo) == 2 << 30  # the pod's headroom, not 60
+    (v2 / "memory.max").write_text("max\n")
+    assert host_memory.memory_limit_bytes(v2, meminfo) == 64 << 30
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(f"{4 << 30}\n")
+    (v1 / "memory" / "memory.usage_in_bytes").write_text(f"{1 << 30}\n")
+    assert host_memory.memory_limit_bytes(v1, meminfo) == 4 << 30
+    assert host_memory.available_bytes(v1, meminfo) == 3 << 30
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(f"{(1 << 63) - 4096}\n")  # unlimited
+    assert host_memory.memory_limit_bytes(v1, meminfo) == 64 << 30
+
+
+def test_kept_memory_goes_back_when_the_neighbours_need_it(tmp_path, monkeypatch):
+    from server.engine import host_memory
+
+    plain = tmp_path / "no-cgroup"
+    plain.mkdir()
+    monkeypatch.setattr(host_memory, "resident_bytes", lambda: 2 << 30)
+    quiet = _meminfo(tmp_path / "quiet", 16, 12)
+    assert not host_memory.over_budget(root=plain, meminfo=quiet)
+    busy = _meminfo(tmp_path / "busy", 16, 1.5)  # a notebook kernel and a browser took the rest
+    assert host_memory.over_budget(root=plain, meminfo=busy)
+    monkeypatch.setattr(host_memory, "resident_bytes", lambda: 10 << 30)  # 62% of 16 GiB
+    assert host_memory.over_budget(root=plain, meminfo=quiet)
+    pod = tmp_path / "pod"
+    pod.mkdir()
+    (pod / "memory.max").write_text(f"{12 << 30}\n")
+    (pod / "memory.current").write_text(f"{11 << 30}\n")
+    monkeypatch.setattr(host_memory, "resident_bytes", lambda: 5 << 30)
+    assert host_memory.over_budget(root=pod, meminfo=quiet)  # 1 GiB headroom of 12

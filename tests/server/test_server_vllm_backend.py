@@ -648,3 +648,39 @@ def test_the_serve_command_carries_the_flags_the_backend_needs():
     assert "VLLM_BATCH_INVARIANT" not in fused
     with pytest.raises(ValueError, match="max-lora-rank"):
         serve_command("/m", served_model_name=BASE, max_lora_rank=12)
+
+
+def test_a_starting_vllm_is_waited_for_with_backoff(fake, tmp_path: Path, monkeypatch):
+    """vLLM loads its model for minutes after its pod starts: the worker waits, then samples."""
+    from server.samplers import vllm_sampler
+
+    monkeypatch.setattr(vllm_sampler, "WAIT_FIRST_S", 0.01)
+    def client() -> OpenAICompatClient:
+        return OpenAICompatClient("http://vllm.test", transport=fake.transport(), retries=0,
+                                  backoff_s=0.0)
+
+    fake.connect_failures = 4
+    with pytest.raises(VLLMError, match="no torch engine"):
+        make_sampler("vllm", client=client(), model=BASE, adapter_root=tmp_path, wait_s=0.0)
+    fake.connect_failures = 4
+    sampler = make_sampler("vllm", client=client(), model=BASE, adapter_root=tmp_path,
+                           wait_s=30)
+    try:
+        assert isinstance(sampler, VLLMSampler)
+        assert len(sampler.sample([job([2, 5, 6])])[0].sequences[0].tokens) == 6
+    finally:
+        sampler.close()
+
+
+def test_a_read_only_adapter_root_is_a_clear_error_not_a_crash(fake, tmp_path: Path, monkeypatch):
+    """A pod whose --adapter-root is on a read-only mount (as /data is for the sampler)."""
+    import errno
+
+    def read_only(self, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    client = OpenAICompatClient("http://vllm.test", transport=fake.transport())
+    with pytest.raises(VLLMError, match="--adapter-root") as caught:
+        VLLMSampler(client, tmp_path, model=BASE).start()
+    assert "Read-only file system" in str(caught.value)

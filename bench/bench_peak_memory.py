@@ -1,0 +1,112 @@
+"""Peak resident memory of a command under the engine's keep budget, against the earlier rule.
+
+The engine keeps freed host memory for reuse (`server.engine.host_memory`). It now gives it
+back when its RSS passes 60% of the memory limit (a container's cgroup limit where set) or when
+less than 15% of that limit is still available to anyone; the earlier rule compared RSS with
+60% of the host's physical RAM alone (`AUTORESEARCH_KEEP_BUDGET=physical`). The command runs
+once under each, optionally beside a Jupyter kernel that holds memory as a notebook session
+does (`--kernel-gib`). Printed per side: wall time, the command's peak RSS (its process tree,
+sampled every 0.2 s), the lowest `MemAvailable` seen, and the ratios.
+
+    python bench/bench_peak_memory.py --kernel-gib 4 -- \\
+        python bench/bench_transfer_learning.py --train-only --sft-steps 8 --rl-steps 2 ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+SIDES = {"budget (now)": {}, "physical RAM (before)": {"AUTORESEARCH_KEEP_BUDGET": "physical"}}
+
+
+def _mem_available() -> int:
+    return psutil.virtual_memory().available
+
+
+def run_side(command: list[str], extra_env: dict[str, str]) -> dict:
+    """Run `command` to its end, sampling its tree's RSS; its wall time, peak RSS and the
+    lowest available memory seen."""
+    env = {**os.environ, **extra_env}
+    started = time.perf_counter()
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    peak, lowest = 0, _mem_available()
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak, lowest
+        root = psutil.Process(process.pid)
+        while not stop.is_set():
+            try:
+                tree = [root, *root.children(recursive=True)]
+                rss = sum(p.memory_info().rss for p in tree if p.is_running())
+            except psutil.Error:
+                rss = 0
+            peak, lowest = max(peak, rss), min(lowest, _mem_available())
+            stop.wait(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, err = process.communicate()
+    stop.set()
+    sampler.join()
+    if process.returncode != 0:
+        raise SystemExit(f"{command[:3]} failed ({process.returncode}):\n{err[-3000:]}")
+    return {"seconds": time.perf_counter() - started, "peak_rss": peak, "lowest_available": lowest}
+
+
+def kernel_holding(gib: float):
+    """A Jupyter kernel that imported the project and holds `gib` GiB, as a notebook does."""
+    from jupyter_client.manager import start_new_kernel
+
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(ROOT))
+    code = (f"import autoresearch, numpy as np\n"
+            f"held = np.ones(int({gib} * 2**30 // 8))\nprint(held.nbytes)")
+    client.execute_interactive(code, timeout=300)
+    return manager, client
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kernel-gib", type=float, default=0.0,
+                        help="run beside a Jupyter kernel holding this much (0: none)")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command to measure after --")
+    if command[0] == "python":
+        command[0] = sys.executable
+    kernel = kernel_holding(args.kernel_gib) if args.kernel_gib else None
+    total = psutil.virtual_memory().total
+    print(f"machine: {total / 2**30:.1f} GiB, {os.cpu_count()} cores; kernel beside: "
+          f"{args.kernel_gib} GiB; command: {' '.join(command)}", flush=True)
+    results = {}
+    try:
+        for name, env in SIDES.items():
+            results[name] = run_side(command, env)
+            r = results[name]
+            print(f"{name:22s} {r['seconds']:8.0f} s  peak RSS {r['peak_rss'] / 2**30:6.2f} GiB"
+                  f"  lowest available {r['lowest_available'] / 2**30:6.2f} GiB", flush=True)
+    finally:
+        if kernel is not None:
+            manager, client = kernel
+            client.stop_channels()
+            manager.shutdown_kernel(now=True)
+    now, before = results["budget (now)"], results["physical RAM (before)"]
+    print(f"peak RSS before / now: {before['peak_rss'] / now['peak_rss']:.2f}x; "
+          f"time before / now: {before['seconds'] / now['seconds']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
