@@ -158,7 +158,9 @@ def fill(value, session_id: str, base_model: str, run_id: str):
 
 def odd_value(rng: random.Random):
     weird = [None, True, -1, 0, 10**30, 1.5, -1e308, "", "²", "x" * 3000, "a\x00b", [],
-             [1, [2, [3]]], {}, {"type": {"type": 1}}, "NaN", [None] * 5, {"a": [{}] * 3}]
+             [1, [2, [3]]], {}, {"type": {"type": 1}}, "NaN", [None] * 5, {"a": [{}] * 3},
+             2**63 - 1, 2**63, -(2**63) - 1, 2**64, [2**63], [10**30], "r" * 255, "r" * 256,
+             dict.fromkeys(["type", "tokens", "stop", "limit"])]
     return weird[rng.randrange(len(weird))]
 
 
@@ -179,7 +181,8 @@ def valid_bodies(session_id: str, base_model: str, run_id: str, tokens: list[int
                                               "sampling_session_seq_id": 0,
                                               "base_model": base_model}),
         ("POST", "/asample", {"prompt": prompt, "num_samples": 1, "base_model": base_model,
-                              "sampling_params": {"max_tokens": 2, "temperature": 1.0}}),
+                              "sampling_params": {"max_tokens": 2, "temperature": 1.0,
+                                                  "stop": [tokens[0]], "seed": 1}}),
         ("POST", "/sessions/search", {"limit": 5, "user_metadata": {"a": "b"}}),
         ("POST", "/weights_info", {"tinker_path": f"tinker://{run_id}/weights/fz"}),
         ("POST", "/copy_weights", {"source_path": f"tinker://{run_id}/weights/fz"}),

@@ -295,6 +295,64 @@ def test_a_per_token_clip_threshold_on_one_side_trains(ctx):
     assert outcome.future == "ok", outcome
 
 
+ID_ROUTES = ("/training_runs/{id}", "/training_runs/{id}/checkpoints", "/sessions/{id}",
+             "/samplers/{id}",
+             "/training_runs/{id}/checkpoints/external_weights/x/external_weights_urls")
+
+
+@pytest.mark.parametrize("length", [254, 255, 256, 4096])
+def test_ids_at_and_past_the_file_name_limit_are_client_errors(ctx, length):
+    outcomes = [ctx.send("GET", route.replace("{id}", "r" * length)) for route in ID_ROUTES]
+    outcomes.append(ctx.send("POST", "/get_info", {"model_id": "r" * length}))
+    _client_errors(outcomes)
+
+
+def test_null_in_every_field_of_every_body_is_a_client_error_or_served(ctx):
+    """A null where the SDK's model admits one means "not given"; elsewhere it is refused."""
+    for method, path, body in valid_bodies(ctx.session_id, ctx.base_model, ctx.run_id,
+                                           ctx.tokens):
+        ctx.send(method, path, dict.fromkeys(body))
+        for key in body:
+            ctx.send(method, path, {**body, key: None})
+    assert all(o.status < 500 and o.future != "server" for o in ctx.outcomes), ctx.outcomes
+
+
+@pytest.mark.parametrize("value", [2**63 - 1, 2**63, -(2**63) - 1, 10**30])
+def test_every_integer_field_at_and_past_int64_is_a_client_error_or_served(ctx, value):
+    for method, path, body in valid_bodies(ctx.session_id, ctx.base_model, ctx.run_id,
+                                           ctx.tokens):
+        for key, field_value in body.items():
+            if isinstance(field_value, int) and not isinstance(field_value, bool):
+                ctx.send(method, path, {**body, key: value})
+    stop = {"max_tokens": 2, "stop": [value]}
+    ctx.outcomes.append(_sample(ctx, stop))
+    _client_errors(ctx.outcomes[-1:])
+    assert all(o.status < 500 and o.future != "server" for o in ctx.outcomes), ctx.outcomes
+
+
+def test_references_to_deleted_and_expired_objects_are_client_errors(ctx):
+    run = ctx.run_id
+    saved = ctx.send("POST", "/save_weights", {"model_id": run, "path": "gone",
+                                               "seq_id": ctx.next_seq()})
+    assert saved.future == "ok", saved
+    path = f"tinker://{run}/weights/gone"
+    assert ctx.send("DELETE", f"/training_runs/{run}/checkpoints/weights/gone").status < 300
+    outcomes = [
+        ctx.send("POST", "/weights_info", {"tinker_path": path}),
+        ctx.send("POST", "/copy_weights", {"source_path": path}),
+        ctx.send("POST", "/load_weights", {"model_id": run, "path": path,
+                                           "seq_id": ctx.next_seq()}),
+        ctx.send("POST", "/create_sampling_session", {"session_id": ctx.session_id,
+                                                      "sampling_session_seq_id": 7,
+                                                      "model_path": path}),
+        ctx.send("GET", f"/training_runs/{run}/checkpoints/weights/gone/external_weights_urls"),
+        ctx.send("PUT", f"/training_runs/{run}/checkpoints/weights/gone/ttl",
+                 {"ttl_seconds": 60}),
+    ]
+    _client_errors(outcomes)
+    ctx.good_fb()
+
+
 FUZZ_REQUESTS = 400
 
 
