@@ -1,15 +1,17 @@
 """Peak resident memory of a command under the engine's keep budget, against the earlier rule.
 
-The engine keeps freed host memory for reuse (`server.engine.host_memory`). It now gives it
-back when its RSS passes 60% of the memory limit (a container's cgroup limit where set) or when
-less than 15% of that limit is still available to anyone; the earlier rule compared RSS with
-60% of the host's physical RAM alone (`AUTORESEARCH_KEEP_BUDGET=physical`). The command runs
-once under each, optionally beside a Jupyter kernel that holds memory as a notebook session
-does (`--kernel-gib`). Printed per side: wall time, the command's peak RSS (its process tree,
-sampled every 0.2 s), the lowest `MemAvailable` seen, and the ratios.
+The engine keeps freed host memory for reuse (`server.engine.host_memory`). It gives it back
+when its RSS passes a share of the memory limit (a container's cgroup limit where set;
+`--fractions` runs one side per share, default the engine's) or when less than 15% of that
+limit is still available to anyone; the earlier rule compared RSS with 60% of the host's
+physical RAM alone (`AUTORESEARCH_KEEP_BUDGET=physical`). The command runs once per side,
+optionally beside a Jupyter kernel that holds memory as a notebook session does
+(`--kernel-gib`). Printed per side: wall time, the command's peak RSS (its process tree,
+sampled every 0.2 s), the lowest `MemAvailable` seen, and the ratios to the earlier rule.
 
     python bench/bench_peak_memory.py --kernel-gib 4 -- \\
-        python bench/bench_transfer_learning.py --train-only --sft-steps 8 --rl-steps 2 ...
+        python bench/bench_transfer_learning.py --train-only --sft-steps 8 --rl-steps 2 \\
+        --out runs/peak-{side} ...
 """
 
 from __future__ import annotations
@@ -25,17 +27,21 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-SIDES = {"budget (now)": {}, "physical RAM (before)": {"AUTORESEARCH_KEEP_BUDGET": "physical"}}
+BEFORE = "physical RAM (before)"
+BASELINE = {"AUTORESEARCH_KEEP_BUDGET": "physical"}
 
 
 def _mem_available() -> int:
     return psutil.virtual_memory().available
 
 
-def run_side(command: list[str], extra_env: dict[str, str]) -> dict:
+def run_side(command: list[str], extra_env: dict[str, str], side: str) -> dict:
     """Run `command` to its end, sampling its tree's RSS; its wall time, peak RSS and the
-    lowest available memory seen."""
+    lowest available memory seen. `{side}` in an argument becomes the side's name, so each
+    side writes (and resumes) its own output."""
     env = {**os.environ, **extra_env}
+    slug = "".join(c if c.isalnum() or c == "." else "-" for c in side).strip("-")
+    command = [arg.replace("{side}", slug) for arg in command]
     started = time.perf_counter()
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
@@ -79,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernel-gib", type=float, default=0.0,
                         help="run beside a Jupyter kernel holding this much (0: none)")
+    parser.add_argument("--now-only", action="store_true",
+                        help="only the current budget (for a long command), no baseline run")
+    parser.add_argument("--fractions", default="",
+                        help="comma-separated keep fractions to run (default: the engine's)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -92,8 +102,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.kernel_gib} GiB; command: {' '.join(command)}", flush=True)
     results = {}
     try:
-        for name, env in SIDES.items():
-            results[name] = run_side(command, env)
+        sides = {f"budget, keep {f}": {"AUTORESEARCH_KEEP_FRACTION": f}
+                 for f in args.fractions.split(",") if f} or {"budget (now)": {}}
+        if not args.now_only:
+            sides[BEFORE] = BASELINE
+        for name, env in sides.items():
+            results[name] = run_side(command, env, name)
             r = results[name]
             print(f"{name:22s} {r['seconds']:8.0f} s  peak RSS {r['peak_rss'] / 2**30:6.2f} GiB"
                   f"  lowest available {r['lowest_available'] / 2**30:6.2f} GiB", flush=True)
@@ -102,9 +116,13 @@ def main(argv: list[str] | None = None) -> int:
             manager, client = kernel
             client.stop_channels()
             manager.shutdown_kernel(now=True)
-    now, before = results["budget (now)"], results["physical RAM (before)"]
-    print(f"peak RSS before / now: {before['peak_rss'] / now['peak_rss']:.2f}x; "
-          f"time before / now: {before['seconds'] / now['seconds']:.2f}x")
+    if args.now_only:
+        return 0
+    before = results[BEFORE]
+    for name, now in results.items():
+        if name != BEFORE:
+            print(f"{name}: peak RSS before / now {before['peak_rss'] / now['peak_rss']:.2f}x, "
+                  f"time before / now {before['seconds'] / now['seconds']:.2f}x")
     return 0
 
 

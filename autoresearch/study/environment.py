@@ -25,6 +25,12 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "fma", "n
 """Instruction-set extensions that choose which matmul kernels run."""
 
 
+def api_key() -> str:
+    """The key this process talks to Tinker servers with (`TINKER_API_KEY`; any `tml-` key
+    opens a server that has none configured)."""
+    return os.environ.get("TINKER_API_KEY") or "tml-local"
+
+
 def package_versions() -> dict[str, str]:
     versions = {}
     for name in PACKAGES:
@@ -61,8 +67,8 @@ def server_facts(url: str, api_key: str) -> dict[str, Any]:
         model = (answer.json().get("supported_models") or [{}])[0]
     except (httpx.HTTPError, ValueError):
         return {}
-    keys = ("model_name", "dtype", "dtype_reason", "base_model_origin", "batch_invariant",
-            "threads")
+    keys = ("model_name", "dtype", "dtype_reason", "base_model_origin", "device", "emulated",
+            "batch_invariant", "sampler_trainer_bitwise", "deterministic", "threads")
     return {k: model[k] for k in keys if k in model}
 
 
@@ -88,7 +94,11 @@ def environment_text(facts: dict[str, Any]) -> str:
              f"{', '.join(cpu.get('flags') or []) or 'no listed extensions'})",
              f"torch threads {facts.get('torch_threads')}"]
     if server:
+        device = server.get("device")
+        if device and server.get("emulated"):
+            device += " (emulated on cpu)"
         parts.append(f"server model {server.get('model_name')} in {server.get('dtype')} "
-                     f"({server.get('dtype_reason')}), {server.get('threads')} threads, "
+                     f"({server.get('dtype_reason')}) on {device or 'an unreported device'}, "
+                     f"{server.get('threads')} threads, "
                      f"batch-invariant: {server.get('batch_invariant')}")
     return "; ".join(parts) + f". Packages: {packages}."

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 import traceback
@@ -47,7 +46,7 @@ from autoresearch.study.control import (
     TrialStopped,
 )
 from autoresearch.study.decisions import keep_rule_for
-from autoresearch.study.environment import environment_text, fingerprint
+from autoresearch.study.environment import api_key, environment_text, fingerprint
 from autoresearch.study.executors.base import Executor, TrialJob
 from autoresearch.study.executors.local import LocalExecutor
 from autoresearch.study.final_check import read_test_once
@@ -95,8 +94,6 @@ class StudyOutcome:
     report: Path | None
 
 
-def _api_key() -> str:
-    return os.environ.get("TINKER_API_KEY") or "tml-local"
 
 
 def _total_steps(row: dict[str, Any]) -> int:
@@ -178,7 +175,7 @@ class StudyRunner:
     def _journal_environment(self, executor: Executor) -> None:
         """Record what the numbers depend on besides the declaration (`environment`)."""
         url = getattr(executor, "server_url", None) or self.study.resolved_server_url()
-        facts = fingerprint(url, _api_key())
+        facts = fingerprint(url, api_key())
         self.journal.event("environment", environment_text(facts), **facts)
 
     def _warm_up(self, executor: Executor) -> None:
@@ -206,10 +203,10 @@ class StudyRunner:
         if self._server_data is not None:
             from server.api.auth import owner_of
 
-            return owner_of(_api_key()), None
+            return owner_of(api_key()), None
         if (url := self.study.resolved_server_url()) is not None:
             def exists(path: str) -> bool:
-                return remote_checkpoint_exists(url, _api_key(), path)
+                return remote_checkpoint_exists(url, api_key(), path)
 
             return None, exists
         return None, None
@@ -220,11 +217,14 @@ class StudyRunner:
         spec = self.study.trial_cache
         if spec is None:
             return executor
+        from autoresearch.study.cache_scope import numbers_scope
         from autoresearch.study.trial_cache import CachingExecutor, TrialCache, cache_root
         from autoresearch.study.warmup import server_scope
 
         owner, exists = self._checkpoint_access()
-        cache = TrialCache(cache_root(spec.dir), server_scope(self.study))
+        scope = numbers_scope(server_scope(self.study), self.study.resolved_server_url(),
+                              api_key())
+        cache = TrialCache(cache_root(spec.dir), scope)
         return CachingExecutor(executor, cache, self._server_data, owner, exists)
 
     def _replays_evidence(self) -> bool:
@@ -338,7 +338,7 @@ class StudyRunner:
                                                    data_dir=self._server_data, api_keys=""))
                 url = stack.enter_context(server).url
             pool = stack.enter_context(RewardPool(workers=self.study.reward_workers))
-            yield LocalExecutor(url, _api_key(), pool)
+            yield LocalExecutor(url, api_key(), pool)
 
     def _loop(self, executor: Executor, evidence: Executor) -> None:
         """Run trials until the budget is spent: exploration on `executor`, seed-bank and

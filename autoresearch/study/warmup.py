@@ -43,6 +43,8 @@ from autoresearch.study.cache_files import (
     install_checkpoint,
     publish_entry,
 )
+from autoresearch.study.cache_scope import numbers_scope
+from autoresearch.study.environment import api_key
 from autoresearch.study.executors.base import Executor, StepSink, TrialJob
 from autoresearch.study.journal import Journal
 from autoresearch.study.spec import PRIMARY_WARMUP, WARMUP_DIMENSION, WARMUP_ID, Study
@@ -176,7 +178,8 @@ class WarmupStage:
         self.owner = owner
         self.checkpoint_exists = checkpoint_exists or (lambda _: True)
         self.config = study.warmup_trial(name)
-        self.key = cache_key(self.config, server_scope(study))
+        self.key = cache_key(self.config, numbers_scope(
+            server_scope(study), study.resolved_server_url(), api_key()))
         self.cache = WarmupCache(cache_root(study), self.key)
 
     def ensure(self, executor: Executor, on_step: StepSink) -> str:

@@ -205,13 +205,27 @@ KEEP_BUDGET_ENV = "AUTORESEARCH_KEEP_BUDGET"
 limit or the neighbours), kept as the baseline `bench/bench_peak_memory.py` compares with."""
 
 
-def release_above_budget(fraction: float = KEPT_MEMORY_FRACTION) -> bool:
+KEEP_FRACTION_ENV = "AUTORESEARCH_KEEP_FRACTION"
+"""Overrides `KEPT_MEMORY_FRACTION` (a share of the memory limit, 0 to 1)."""
+
+
+def kept_fraction() -> float:
+    """The share of the memory limit freed memory may be kept up to."""
+    try:
+        value = float(os.environ.get(KEEP_FRACTION_ENV, KEPT_MEMORY_FRACTION))
+    except ValueError:
+        return KEPT_MEMORY_FRACTION
+    return min(1.0, max(0.0, value))
+
+
+def release_above_budget(fraction: float | None = None) -> bool:
     """`release_freed_memory` when `over_budget`; True if it did."""
     if not _state.get("applied"):
         return False
+    fraction = kept_fraction() if fraction is None else fraction
     if os.environ.get(KEEP_BUDGET_ENV) == "physical":
         physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return resident_bytes() > fraction * physical and release_freed_memory()
+        return resident_bytes() > 0.6 * physical and release_freed_memory()
     return over_budget(fraction) and release_freed_memory()
 
 
