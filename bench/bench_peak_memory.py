@@ -35,7 +35,8 @@ def _mem_available() -> int:
     return psutil.virtual_memory().available
 
 
-def run_side(command: list[str], extra_env: dict[str, str], side: str) -> dict:
+def run_side(command: list[str], extra_env: dict[str, str], side: str,
+             timeline: Path | None = None) -> dict:
     """Run `command` to its end, sampling its tree's RSS; its wall time, peak RSS and the
     lowest available memory seen. `{side}` in an argument becomes the side's name, so each
     side writes (and resumes) its own output."""
@@ -47,6 +48,7 @@ def run_side(command: list[str], extra_env: dict[str, str], side: str) -> dict:
                                stderr=subprocess.PIPE, text=True)
     peak, lowest = 0, _mem_available()
     stop = threading.Event()
+    samples: list[str] = []
 
     def sample() -> None:
         nonlocal peak, lowest
@@ -58,6 +60,7 @@ def run_side(command: list[str], extra_env: dict[str, str], side: str) -> dict:
             except psutil.Error:
                 rss = 0
             peak, lowest = max(peak, rss), min(lowest, _mem_available())
+            samples.append(f"{time.time():.1f} {rss}")
             stop.wait(0.2)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -65,6 +68,9 @@ def run_side(command: list[str], extra_env: dict[str, str], side: str) -> dict:
     _, err = process.communicate()
     stop.set()
     sampler.join()
+    if timeline is not None:
+        path = Path(str(timeline).replace("{side}", slug))
+        path.write_text("\n".join(samples) + "\n")  # unix time, RSS bytes
     if process.returncode != 0:
         raise SystemExit(f"{command[:3]} failed ({process.returncode}):\n{err[-3000:]}")
     return {"seconds": time.perf_counter() - started, "peak_rss": peak, "lowest_available": lowest}
@@ -88,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--now-only", action="store_true",
                         help="only the current budget (for a long command), no baseline run")
     parser.add_argument("--fractions", default="",
-                        help="comma-separated keep fractions to run (default: the engine's)")
+                        help="comma-separated keep fractions to run (default: the engine's); "
+                        "`off`: glibc's defaults, nothing kept")
+    parser.add_argument("--timeline", type=Path, default=None,
+                        help="write each side's RSS samples here ({side} names the side)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -102,12 +111,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.kernel_gib} GiB; command: {' '.join(command)}", flush=True)
     results = {}
     try:
-        sides = {f"budget, keep {f}": {"AUTORESEARCH_KEEP_FRACTION": f}
+        sides = {(f"budget, keep {f}" if f != "off" else "glibc defaults, nothing kept"):
+                 ({"AUTORESEARCH_KEEP_FRACTION": f} if f != "off"
+                  else {"AUTORESEARCH_KEEP_FREED_MEMORY": "0"})
                  for f in args.fractions.split(",") if f} or {"budget (now)": {}}
         if not args.now_only:
             sides[BEFORE] = BASELINE
         for name, env in sides.items():
-            results[name] = run_side(command, env, name)
+            results[name] = run_side(command, env, name, args.timeline)
             r = results[name]
             print(f"{name:22s} {r['seconds']:8.0f} s  peak RSS {r['peak_rss'] / 2**30:6.2f} GiB"
                   f"  lowest available {r['lowest_available'] / 2**30:6.2f} GiB", flush=True)

@@ -61,6 +61,7 @@ __all__ = [
 SHARE_PREFIXES_ENV = "AUTORESEARCH_SHARE_PREFIXES"
 DEVICE_SAMPLING_ENV = "AUTORESEARCH_DEVICE_SAMPLING"
 BATCH_INVARIANT_ENV = "AUTORESEARCH_BATCH_INVARIANT"
+MICROBATCH_ENV = "AUTORESEARCH_TOKENS_PER_MICROBATCH"
 
 
 class Engine(Training, PackedTraining, Sampling, HeadScoring):
@@ -101,9 +102,11 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.stats = EngineStats()
         self.lock = threading.Lock()
-        self.tokens_per_microbatch = TOKENS_PER_MICROBATCH.get(
-            torch.device(self.device).type, DEFAULT_TOKENS_PER_MICROBATCH
-        )
+        self.tokens_per_microbatch = int(os.environ.get(MICROBATCH_ENV, 0)) or (
+            TOKENS_PER_MICROBATCH.get(torch.device(self.device).type,
+                                      DEFAULT_TOKENS_PER_MICROBATCH))
+        """Padded tokens per training micro-batch: what sets the activations kept for backward
+        (`AUTORESEARCH_TOKENS_PER_MICROBATCH` overrides the device's default)."""
         if share_prefixes is None:
             share_prefixes = os.environ.get(SHARE_PREFIXES_ENV, "1") != "0"
         self.share_prefixes = share_prefixes

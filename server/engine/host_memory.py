@@ -8,17 +8,22 @@ so every step pays page faults on memory it had a moment before. Measured on 2 Z
 (`bench/bench_host_memory.py`): a forward_backward of the RL step's shape spent a third of its
 time in the kernel on 32 M minor faults.
 
-The policy here: blocks come from the heap (no `mmap`), one arena serves every thread (a thread
-arena cannot hold blocks over 64 MiB), and the heap is not trimmed while the engine works, so
-busy steps reuse warm memory. What is kept is bounded by what the machine has now: after each
-batch the scheduler calls `release_above_budget`, and every free page goes back (`malloc_trim`,
-the middle of the heap included) when the process's RSS exceeds `KEPT_MEMORY_FRACTION` of its
-memory limit (the container's cgroup limit where one is set, else the RAM), or when what is
-available to it (`MemAvailable`, and the cgroup's headroom) falls under `RESERVE_FRACTION` of
-that limit because other processes (a notebook kernel, a second engine) use it. So shapes that
-fragment the heap cannot make RSS grow without bound, and a busy neighbour gets the pages back;
-an engine idle for a while gives everything back (`release_freed_memory`). Only glibc has these
-knobs; elsewhere this does nothing. `AUTORESEARCH_KEEP_FREED_MEMORY=0` keeps glibc's defaults.
+The policy here: blocks come from the heap, one arena serves every thread (a thread arena
+cannot hold blocks over 64 MiB), and the heap is not trimmed while the engine works, so busy
+steps reuse warm memory. Only blocks of at least `MMAP_ABOVE_MB` (a head chunk's 512 MiB of
+logits) are mapped on their own and unmapped when freed: few per step, and kept in the heap they
+fragmented it (the transfer recipe's peak: 12.6 GiB with every block in the heap, 11.0 with
+these mapped, `bench/bench_peak_memory.py`).
+
+What is kept is bounded by what the machine has now: after each batch the scheduler calls
+`release_above_budget`, and every free page goes back (`malloc_trim`, the middle of the heap
+included) when the process's RSS exceeds `KEPT_MEMORY_FRACTION` of its memory limit (the
+container's cgroup limit where one is set, else the RAM), or when what is available to it
+(`MemAvailable`, and the cgroup's headroom) falls under `RESERVE_FRACTION` of that limit because
+other processes (a notebook kernel, a second engine) use it. So shapes that fragment the heap
+cannot make RSS grow without bound, and a busy neighbour gets the pages back; an engine idle for
+a while gives everything back (`release_freed_memory`). Only glibc has these knobs; elsewhere
+this does nothing. `AUTORESEARCH_KEEP_FREED_MEMORY=0` keeps glibc's defaults.
 """
 
 from __future__ import annotations
@@ -36,6 +41,11 @@ KEEP_FREED_MEMORY_ENV = "AUTORESEARCH_KEEP_FREED_MEMORY"
 _M_TRIM_THRESHOLD = -1
 _M_TOP_PAD = -2
 _M_MMAP_MAX = -4
+_M_MMAP_THRESHOLD = -3
+MMAP_ABOVE_ENV = "AUTORESEARCH_MMAP_ABOVE_MB"
+MMAP_ABOVE_MB = 128
+"""Blocks of at least this many MiB are mapped on their own and unmapped when freed (0: none
+is; every block comes from the heap)."""
 _M_ARENA_MAX = -8
 _NEVER = -1
 """As a trim threshold, -1 becomes SIZE_MAX in glibc: never trim."""
@@ -91,8 +101,9 @@ def keep_freed_memory() -> bool:
     if libc is None:
         return False
     mallopt = libc.mallopt
-    settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _NEVER),
-                (_M_TOP_PAD, _TOP_PAD))
+    huge = int(os.environ.get(MMAP_ABOVE_ENV, MMAP_ABOVE_MB)) << 20
+    mmap = (_M_MMAP_THRESHOLD, huge) if huge > 0 else (_M_MMAP_MAX, 0)
+    settings = ((_M_ARENA_MAX, 1), mmap, (_M_TRIM_THRESHOLD, _NEVER), (_M_TOP_PAD, _TOP_PAD))
     _state["applied"] = all(mallopt(option, value) == 1 for option, value in settings)
     log.info("freed host memory kept for reuse: %s", _state["applied"])
     arenas = allocator_arenas()
