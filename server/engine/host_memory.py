@@ -10,10 +10,9 @@ time in the kernel on 32 M minor faults.
 
 The policy here: blocks come from the heap, one arena serves every thread (a thread arena
 cannot hold blocks over 64 MiB), and the heap is not trimmed while the engine works, so busy
-steps reuse warm memory. Only blocks of at least `MMAP_ABOVE_MB` (a head chunk's 512 MiB of
-logits) are mapped on their own and unmapped when freed: few per step, and kept in the heap they
-fragmented it (the transfer recipe's peak: 12.6 GiB with every block in the heap, 11.0 with
-these mapped, `bench/bench_peak_memory.py`).
+steps reuse warm memory. `AUTORESEARCH_MMAP_ABOVE_MB=128` maps blocks of that size and more (a
+head chunk's 512 MiB of logits) on their own: the transfer recipe's peak was 12.6 GiB with every
+block in the heap, 11.0 with these mapped (`bench/bench_peak_memory.py`); not the default yet.
 
 What is kept is bounded by what the machine has now: after each batch the scheduler calls
 `release_above_budget`, and every free page goes back (`malloc_trim`, the middle of the heap
@@ -43,7 +42,7 @@ _M_TOP_PAD = -2
 _M_MMAP_MAX = -4
 _M_MMAP_THRESHOLD = -3
 MMAP_ABOVE_ENV = "AUTORESEARCH_MMAP_ABOVE_MB"
-MMAP_ABOVE_MB = 128
+MMAP_ABOVE_MB = 0
 """Blocks of at least this many MiB are mapped on their own and unmapped when freed (0: none
 is; every block comes from the heap)."""
 _M_ARENA_MAX = -8
