@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import importlib.util
 import json
 import platform
 from pathlib import Path
 from typing import Any
 
-from autoresearch.study.environment import cpu_facts, server_facts
+from autoresearch.study.environment import cpu_facts, package_versions, server_facts
 
 NUMBER_CODE = ("server.engine", "server.samplers", "rewards", "sqltasks", "autoresearch.rl",
                "autoresearch.evaluation")
@@ -57,13 +56,7 @@ def code_digest(packages: tuple[str, ...] = NUMBER_CODE) -> str:
 
 
 def _versions() -> dict[str, str]:
-    versions = {}
-    for name in KERNEL_PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = "not installed"
-    return versions
+    return package_versions(KERNEL_PACKAGES)
 
 
 def environment_facts(server_url: str | None, api_key: str) -> dict[str, Any]:
