@@ -1,10 +1,12 @@
 """The gateway: the `/api/v1` HTTP surface, holding no state of its own.
 
-Every request except health, readiness and futures becomes an op in Redis that the trainer
-answers with the single-process server's own handlers, so answers and error shapes are
-identical. An SDK retry carries the same `X-Idempotency-Key`, which names the same op: a retried
-request is enqueued once and gets the first attempt's answer. `retrieve_future` long-polls the
-result in Redis, so a future can be collected from any gateway. Nothing here imports torch.
+Every request except health, readiness and futures becomes an op in Redis, pushed to the queue
+of the trainer that owns the op's session (`placement.py`; a new session goes to the live
+trainer with the fewest sessions). The trainer answers with the single-process server's own
+handlers, so answers and error shapes are identical. An SDK retry carries the same
+`X-Idempotency-Key`, which names the same op: a retried request is enqueued once and gets the
+first attempt's answer. `retrieve_future` long-polls the result in Redis, so a future can be
+collected from any gateway. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -23,14 +26,13 @@ from fastapi.responses import JSONResponse, Response
 from server.api.auth import AuthError, KeyRing
 from server.api.errors import error_response, request_error
 from server.api.http_body import BodyTooLarge, BodyTooSlow, read_body
-from server.distributed.store import (
-    ENQUEUE_ONCE,
-    REPLY_TTL_SECONDS,
-    WITHDRAW,
-    Keys,
-    decode_reply,
-    decode_result,
+from server.distributed.placement import (
+    ENQUEUE_ROUTED,
+    SHARED_QUEUE,
+    WITHDRAW_ROUTED,
+    shard_of,
 )
+from server.distributed.store import REPLY_TTL_SECONDS, Keys, decode_reply, decode_result
 from server.protocol.futures import LONG_POLL_SECONDS
 
 log = logging.getLogger(__name__)
@@ -61,8 +63,9 @@ class Gateway:
     def __init__(self, client: aioredis.Redis, keys: Keys):
         self.redis = client
         self.keys = keys
-        self._enqueue = client.register_script(ENQUEUE_ONCE)
-        self._withdraw = client.register_script(WITHDRAW)
+        self._enqueue = client.register_script(ENQUEUE_ROUTED)
+        self._withdraw = client.register_script(WITHDRAW_ROUTED)
+        self._candidate: tuple[float, str] = (0.0, SHARED_QUEUE)
 
     async def wait_value(self, key: str, timeout: float) -> bytes | None:
         value = await self.redis.get(key)
@@ -71,19 +74,38 @@ class Gateway:
             value = await self.redis.get(key)
         return value
 
-    async def submit(self, op_id: str, fields: dict[str, str | bytes]) -> None:
+    async def candidate(self) -> str:
+        """The live trainer with the fewest sessions (looked up at most once a second), or the
+        shared queue when none is alive."""
+        checked, trainer = self._candidate
+        if time.monotonic() - checked > 1.0:
+            live = await self.live_trainers()
+            trainer = SHARED_QUEUE
+            if live:
+                pipe = self.redis.pipeline()
+                for member in live:
+                    pipe.scard(self.keys.owned(member))
+                loads = await pipe.execute()
+                trainer = min(zip(loads, live, strict=True))[1]
+            self._candidate = (time.monotonic(), trainer)
+        return trainer
+
+    async def submit(self, op_id: str, session: str | None,
+                     fields: dict[str, str | bytes]) -> None:
         flat: list[str | bytes] = [item for pair in fields.items() for item in pair]
-        await self._enqueue(keys=[self.keys.claim(op_id), self.keys.op(op_id), self.keys.ops,
+        await self._enqueue(keys=[self.keys.claim(op_id), self.keys.op(op_id),
                                   self.keys.reply(op_id)],
-                            args=[REPLY_TTL_SECONDS, op_id, *flat])
+                            args=[REPLY_TTL_SECONDS, op_id, self.keys.prefix, session or "",
+                                  await self.candidate(), *flat])
 
     async def withdraw(self, op_id: str) -> bool:
         """Take back an op no trainer has taken yet (so a retry may enqueue it again)."""
-        return bool(await self._withdraw(
-            keys=[self.keys.ops, self.keys.op(op_id), self.keys.claim(op_id)], args=[op_id]))
+        return bool(await self._withdraw(keys=[self.keys.op(op_id), self.keys.claim(op_id)],
+                                         args=[op_id]))
 
-    async def call(self, op_id: str, fields: dict[str, str | bytes]) -> Response:
-        await self.submit(op_id, fields)
+    async def call(self, op_id: str, session: str | None,
+                   fields: dict[str, str | bytes]) -> Response:
+        await self.submit(op_id, session, fields)
         reply = await self.wait_value(self.keys.reply(op_id), REPLY_WAIT_SECONDS)
         if reply is None:
             if await self.withdraw(op_id):
@@ -138,11 +160,24 @@ def create_gateway_app(client: aioredis.Redis, keys: KeyRing, prefix: str = "ar"
     async def metrics() -> Response:
         """Queue depths as Prometheus text (the trainer exports the engine's own metrics)."""
         k = gateway.keys
-        pending, taken, samples = await gateway.redis.pipeline().llen(k.ops).llen(
-            k.processing).llen(k.samples).execute()
-        lines = ["# TYPE autoresearch_gateway_queue gauge"]
-        for name, value in (("pending", pending), ("taken", taken), ("samples", samples)):
-            lines.append(f'autoresearch_gateway_queue{{queue="{name}"}} {value}')
+        trainers = await gateway.live_trainers()
+        pipe = gateway.redis.pipeline().llen(k.shared_ops).llen(k.samples)
+        for trainer in trainers:
+            pipe.llen(k.queue(trainer)).llen(k.taken(trainer)).scard(k.owned(trainer))
+        unplaced, samples, *per_trainer = await pipe.execute()
+        lines = ["# TYPE autoresearch_gateway_queue gauge",
+                 f'autoresearch_gateway_queue{{queue="unplaced"}} {unplaced}',
+                 f'autoresearch_gateway_queue{{queue="samples"}} {samples}']
+        for i, trainer in enumerate(trainers):
+            pending, taken, _ = per_trainer[3 * i: 3 * i + 3]
+            lines.append(f'autoresearch_gateway_queue{{queue="pending",trainer="{trainer}"}} '
+                         f"{pending}")
+            lines.append(f'autoresearch_gateway_queue{{queue="taken",trainer="{trainer}"}} '
+                         f"{taken}")
+        lines.append("# TYPE autoresearch_trainer_sessions gauge")
+        for i, trainer in enumerate(trainers):
+            lines.append(f'autoresearch_trainer_sessions{{trainer="{trainer}"}} '
+                         f"{per_trainer[3 * i + 2]}")
         return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     @app.post(API + "/retrieve_future")
@@ -193,8 +228,9 @@ def create_gateway_app(client: aioredis.Redis, keys: KeyRing, prefix: str = "ar"
             "content_type": request.headers.get("content-type", ""),
             "body": body,
         }
+        session = shard_of(op_id, request.method, "/" + path, body)
         try:
-            return await gateway.call(op_id, fields)
+            return await gateway.call(op_id, session, fields)
         except aioredis.RedisError:
             log.exception("redis unavailable for %s", path)
             return error_response(503, "the server's queue is unavailable; retry", "unavailable",

@@ -28,8 +28,19 @@ from server.protocol.futures import RESULT_TTL_SECONDS
 log = logging.getLogger(__name__)
 
 
+ALL_MODULES = "*"
+"""What a backend without `servable_modules` (the torch engine) serves: every LoRA module."""
+
+
 class SamplingBackend(Protocol):
     def sample(self, jobs: list[SampleJob]) -> list[SampleResult]: ...
+
+
+def served_modules(raw: bytes | str | None) -> frozenset[str]:
+    """The modules a sampler worker advertised (`ALL_MODULES` if it named none)."""
+    if not raw:
+        return frozenset({ALL_MODULES})
+    return frozenset(json.loads(raw))
 
 
 class SamplerWorker:
@@ -45,6 +56,8 @@ class SamplerWorker:
         self.max_rows = max_rows
         self.cached_adapters = cached_adapters
         self.processing = self.keys.samples_processing(self.worker_id)
+        servable = getattr(backend, "servable_modules", None)
+        self.modules = sorted(servable) if servable is not None else [ALL_MODULES]
         self._adapters: collections.OrderedDict[str, StoredAdapter] = collections.OrderedDict()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -73,6 +86,10 @@ class SamplerWorker:
         while True:
             try:
                 if self.readiness()[0]:
+                    # What it serves first, so a trainer never sees it alive without it.
+                    self.store.redis.set(self.keys.sampler_modules(self.worker_id),
+                                         json.dumps(self.modules),
+                                         px=int(self.heartbeat_ttl * 2000))
                     self.store.heartbeat("sampler", self.worker_id, self.heartbeat_ttl)
                 self.reclaim()
             except Exception:  # noqa: BLE001 - a Redis hiccup must not stop the heartbeat

@@ -2,17 +2,21 @@
 
 Key layout (all under one prefix, `ar` by default)::
 
-    op:<id>              hash   an op: method, path, query, owner, content_type, body
+    op:<id>              hash   an op: method, path, query, owner, content_type, body, and
+                                the session and queue it was routed by
     claim:<id>           string the op is enqueued (an SDK retry waits for it, never re-enqueues)
-    ops / ops:processing list   pending ops / ops the trainer took and has not acknowledged
+    ops:queue:<trainer>  list   ops for one trainer (its sessions', or placed there by load)
+    ops:taken:<trainer>  list   ops that trainer took and has not acknowledged
+    ops                  list   ops enqueued while no trainer was alive (any trainer drains it)
+    placement:<session>  string the trainer that owns a session (its runs and samplers)
+    trainer:sessions:<trainer>  set  the sessions a trainer owns (its load; moved on take-over)
     reply:<id>           string the op's HTTP answer (write-once), `reply:<id>:n` wakes waiters
     future:<id>          hash   owner, kind of a future; `result:<id>` (write-once) its result
-    log:control          list   journal of session-level ops; `log:run:<run_id>` per run
-    log:session:<id>     set    that session's entries of log:control (trimmed when it goes)
-    trainer:lease        string the one trainer allowed to take ops
+    log:control:<session>  list journal of a session's own ops; `log:run:<run_id>` per run
     trainers, trainer:alive:<id>   worker ids and their heartbeats (keys that expire)
     samples, samples:processing:<worker>, sample:<id>   sampling jobs
-    samplers, sampler:alive:<id>   sampler worker ids and heartbeats
+    samplers, sampler:alive:<id>   sampler worker ids and heartbeats; `sampler:modules:<id>`
+                         the LoRA modules its backend serves
     sampler-session:<id> string a sampling session's snapshot (survives trainer restarts)
 
 A write-once value is SET NX plus a push on its notification list; a waiter blocks on that list
@@ -47,24 +51,6 @@ end
 return 0
 """
 
-ENQUEUE_ONCE = """
-if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
-  redis.call('DEL', KEYS[4], KEYS[4] .. ':n')
-  redis.call('HSET', KEYS[2], unpack(ARGV, 3))
-  redis.call('LPUSH', KEYS[3], ARGV[2])
-  return 1
-end
-return 0
-"""
-
-WITHDRAW = """
-if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then
-  redis.call('DEL', KEYS[2], KEYS[3])
-  return 1
-end
-return 0
-"""
-
 ACK_UNLOGGED = """
 if redis.call('LREM', KEYS[1], 0, ARGV[1]) > 0 then
   redis.call('DEL', KEYS[2])
@@ -84,12 +70,20 @@ class Keys:
         return ":".join((self.prefix, *parts))
 
     @property
-    def ops(self) -> str:
+    def shared_ops(self) -> str:
         return self("ops")
 
-    @property
-    def processing(self) -> str:
-        return self("ops", "processing")
+    def queue(self, trainer: str) -> str:
+        return self("ops", "queue", trainer)
+
+    def taken(self, trainer: str) -> str:
+        return self("ops", "taken", trainer)
+
+    def placement(self, session_id: str) -> str:
+        return self("placement", session_id)
+
+    def owned(self, trainer: str) -> str:
+        return self("trainer", "sessions", trainer)
 
     def op(self, op_id: str) -> str:
         return self("op", op_id)
@@ -106,20 +100,11 @@ class Keys:
     def result(self, request_id: str) -> str:
         return self("result", request_id)
 
-    @property
-    def control_log(self) -> str:
-        return self("log", "control")
+    def control_log(self, session_id: str) -> str:
+        return self("log", "control", session_id)
 
     def run_log(self, run_id: str) -> str:
         return self("log", "run", run_id)
-
-    def session_ops(self, session_id: str) -> str:
-        """The control-log entries of one session, so they can leave the log with it."""
-        return self("log", "session", session_id)
-
-    @property
-    def lease(self) -> str:
-        return self("trainer", "lease")
 
     def alive(self, role: str, worker_id: str) -> str:
         return self(role, "alive", worker_id)
@@ -136,6 +121,9 @@ class Keys:
 
     def sample(self, job_id: str) -> str:
         return self("sample", job_id)
+
+    def sampler_modules(self, worker_id: str) -> str:
+        return self("sampler", "modules", worker_id)
 
     def sampler_session(self, sampler_id: str) -> str:
         return self("sampler-session", sampler_id)
@@ -232,6 +220,8 @@ class RedisFutureStore:
         self.store = store
         self.keys = store.keys
         self.current_op: str | None = None
+        self.taken: str | None = None
+        """The trainer's list of taken ops, where a locally sampled op waits for its result."""
         self.last_created: FutureRecord | None = None
 
     def bind(self, loop: object) -> None:
@@ -275,8 +265,8 @@ class RedisFutureStore:
         self.store.publish_once(self.keys.result(record.request_id), value,
                                 int(RESULT_TTL_SECONDS))
         self.store.redis.expire(self.keys.future(record.request_id), int(RESULT_TTL_SECONDS))
-        if record.kind == "sample":  # sampling is never journaled: it stays taken until now
-            self.store.ack_unlogged(self.keys.processing, record.request_id)
+        if record.kind == "sample" and self.taken:  # never journaled: taken until now
+            self.store.ack_unlogged(self.taken, record.request_id)
         self._fill(record, value)
 
     def resolve_json(self, record: FutureRecord, result: dict[str, Any]) -> None:

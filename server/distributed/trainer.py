@@ -3,10 +3,14 @@
 `DistributedService` is `TrainingService` with what a restartable worker needs on top: ids
 derived from op ids (so replays address the same sessions and futures), run-state saves every
 few optimizer steps, adapter snapshots for sampler workers, and sampling routed to them when one
-is alive. `TrainerWorker` holds the trainer lease (one trainer at a time), replays the journal
-on start, then takes ops one by one (BLMOVE to the processing list), runs each through the
-ordinary FastAPI app in process, journals and acknowledges it in one transaction, and publishes
-the reply. Its heartbeat key expires unless the engine keeps coming round.
+is alive and can serve the adapter. `TrainerWorker` runs any number of replicas side by side:
+each owns the sessions placed on it (`placement.py`) and takes ops from its own queue (BLMOVE to
+its taken list), runs each through the ordinary FastAPI app in process, journals and
+acknowledges it in one transaction fenced on the session's placement, and publishes the reply.
+Its heartbeat key is its lease: when it lapses, another replica takes the sessions over (one Lua
+script re-places them and moves the queue), restores each run's saved state and replays the
+rest of its journal. A replica that finds its own heartbeat gone exits instead of forking the
+runs; one that is stopped saves its runs first, so the take-over replays nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from redis import exceptions as redis_errors
 
 from server.api.app import create_app
 from server.api.auth import AuthError
@@ -38,7 +43,8 @@ from server.distributed.journal import (
     parse_entry,
     parse_json,
 )
-from server.distributed.sampler import SamplerWorker
+from server.distributed.placement import TAKE_OVER, new_session_id, session_of_id
+from server.distributed.sampler import ALL_MODULES, SamplerWorker, served_modules
 from server.distributed.snapshots import load_snapshot, snapshot_checkpoint, write_snapshot
 from server.distributed.store import (
     REPLY_TTL_SECONDS,
@@ -53,11 +59,30 @@ from server.storage.checkpoints import CheckpointStore, TinkerPath
 
 log = logging.getLogger(__name__)
 
-RENEW_LEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+RENEW_HEARTBEAT = """
+-- Renews a heartbeat that has not lapsed; a lapsed one stays gone (its sessions moved on).
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[1])
 end
 return 0
+"""
+
+TAKE_SHARED = """
+-- KEYS: the shared queue, this trainer's taken list. ARGV: prefix, this trainer's id.
+-- Takes the oldest unplaced op, or hands it to the trainer that owns its session by now.
+local op = redis.call('RPOP', KEYS[1])
+if not op then return false end
+local session = redis.call('HGET', ARGV[1] .. ':op:' .. op, 'session')
+local owner = false
+if session and session ~= '' then
+  owner = redis.call('GET', ARGV[1] .. ':placement:' .. session)
+end
+if owner and owner ~= ARGV[2] then
+  redis.call('LPUSH', ARGV[1] .. ':ops:queue:' .. owner, op)
+  return false
+end
+redis.call('LPUSH', KEYS[2], op)
+return op
 """
 _LOCAL = object()
 FAULT_REPLY_TTL_SECONDS = 30
@@ -67,13 +92,10 @@ def control_session(op_id: str, path: str, body: bytes) -> str | None:
     """The session a control op belongs to: the one it creates (ids derive from the op id),
     the one its body names, or the one in its path (finish, delete of one of its runs)."""
     if path == "/create_session":
-        return f"sess-{op_id.removeprefix('op-')[:12]}"
-    if path.startswith("/sessions/"):
-        return path.split("/")[2]
-    if path.startswith("/training_runs/"):
-        return path.split("/")[2].split(":", 1)[0]
-    session_id = parse_json(body).get("session_id")
-    return session_id if isinstance(session_id, str) else None
+        return new_session_id(op_id)
+    if path.startswith(("/sessions/", "/training_runs/")):
+        return session_of_id(path.split("/")[2])
+    return session_of_id(parse_json(body).get("session_id"))
 
 
 class TrustedOwner:
@@ -101,8 +123,10 @@ class DistributedService(TrainingService):
         self.data_dir = checkpoints.root
         self.saves = RunStateSaves(self.data_dir)
         self.save_every = max(1, save_every)
+        self.worker_id = ""
         self.replaying = False
         self.remote_sampled = False
+        self._next_seq: dict[str, int] = {}
         self._steps: collections.Counter[str] = collections.Counter()
         self._unsequenced: dict[str, list[str]] = collections.defaultdict(list)
         self._sampler_dirs: dict[str, Path] = {}
@@ -117,8 +141,7 @@ class DistributedService(TrainingService):
 
     # ---------------------------------------------------- deterministic ids
     def create_session(self, owner: str, body: dict[str, Any]) -> dict[str, Any]:
-        op = self.current_op or uuid.uuid4().hex
-        session_id = f"sess-{op.removeprefix('op-')[:12]}"
+        session_id = new_session_id(self.current_op or uuid.uuid4().hex)
         self.sessions[session_id] = self._new_session(session_id, owner, body)
         return {"session_id": session_id, "type": "create_session"}
 
@@ -135,16 +158,16 @@ class DistributedService(TrainingService):
         self.saves.delete(run_id)
 
     def _drop_session(self, session: Session) -> None:
-        """A dropped session's entries leave the control log, so a restart never replays it
-        and the log stays as long as the live sessions' history."""
+        """A dropped session's journal and placement go with it, so no take-over replays it and
+        Redis holds only the live sessions' history."""
         super()._drop_session(session)
-        index = self.keys.session_ops(session.session_id)
-        entries = self.redis.redis.smembers(index)
+        log_key = self.keys.control_log(session.session_id)
+        entries = self.redis.redis.lrange(log_key, 0, -1)
         pipe = self.redis.redis.pipeline(transaction=True)
         for entry in entries:
-            pipe.lrem(self.keys.control_log, 0, entry)
             pipe.delete(self.keys.op(parse_entry(entry)[0]))
-        pipe.delete(index)
+        pipe.delete(log_key, self.keys.placement(session.session_id))
+        pipe.srem(self.keys.owned(self.worker_id), session.session_id)
         pipe.execute()
 
     def _check_backlog(self, owner: str, tokens: int) -> None:
@@ -173,6 +196,8 @@ class DistributedService(TrainingService):
         """On the engine thread, after an op's result is stored: save every few steps."""
         if seq_id is None and op_id:
             self._unsequenced[run.run_id].append(op_id)
+        if seq_id is not None:
+            self._next_seq[run.run_id] = seq_id + 1
         if kind != "optim_step" or error is not None or seq_id is None:
             return
         self._steps[run.run_id] += 1
@@ -199,6 +224,28 @@ class DistributedService(TrainingService):
         ]
         log.info("saved state of %s at seq %d", run.run_id, next_seq)
 
+    def save_all_runs(self) -> int:
+        """Save every run at the point the engine reached (a drained trainer's last act, so the
+        replica that takes its sessions over replays nothing). Runs the saves on the engine
+        thread, after the work already queued; returns how many were saved."""
+        saved: list[str] = []
+        done = threading.Event()
+
+        def save() -> None:
+            try:
+                for run_id, run in list(self.runs.items()):
+                    try:
+                        self._save_run(run, self._next_seq.get(run_id, 0))
+                        saved.append(run_id)
+                    except Exception:  # noqa: BLE001 - that run's journal replays instead
+                        log.exception("saving state of %s failed", run_id)
+            finally:
+                done.set()
+
+        self.scheduler.submit_control(Work(None, "save-all", lambda *_: None, action=save))
+        done.wait(timeout=120)
+        return len(saved)
+
     def restore_run(self, run_id: str, point: SavePoint) -> None:
         """Queue a run's saved state ahead of its remaining ops (called while replaying)."""
         run = self.runs[run_id]
@@ -214,6 +261,7 @@ class DistributedService(TrainingService):
             self.scheduler.submit_ordered(Work(run_id, "restored", lambda *_: None,
                                                action=lambda: None, seq_id=seq))
         self._unsequenced[run_id] = list(point.unsequenced)
+        self._next_seq[run_id] = point.next_seq
 
     def delete_run(self, owner: str, run_id: str) -> None:
         super().delete_run(owner, run_id)
@@ -243,13 +291,14 @@ class DistributedService(TrainingService):
         if directory is not None and directory not in self._sampler_dirs.values():
             shutil.rmtree(directory, ignore_errors=True)
 
-    def restore_sampler_sessions(self) -> None:
-        """Sampling sessions from Redis after a restart, registered lazily: a snapshot's
-        weights are read on its first request, inside the resident-sampler cap, not all at
-        start-up."""
+    def restore_sampler_sessions(self, sessions: set[str] | None = None) -> None:
+        """Sampling sessions from Redis after a restart or take-over (of `sessions`, or all),
+        registered lazily: a snapshot's weights are read on its first request, inside the
+        resident-sampler cap, not all at start-up."""
         for key in self.redis.redis.scan_iter(match=self.keys.sampler_session("*")):
             sampler_id = key.decode().split(":", 2)[2]
-            if sampler_id in self.samplers:
+            if sampler_id in self.samplers or (
+                    sessions is not None and session_of_id(sampler_id) not in sessions):
                 continue
             record = json.loads(self.redis.redis.get(key) or "{}")
             snapshot = record.get("snapshot")
@@ -267,11 +316,21 @@ class DistributedService(TrainingService):
                 sampler.tuned = True
 
     def _remote_samplers(self) -> bool:
-        checked, alive = self._samplers_checked
+        return self._remote_modules() is not None
+
+    def _remote_modules(self) -> frozenset[str] | None:
+        """The LoRA modules every live sampler worker serves (`ALL_MODULES` for torch ones), or
+        None when no sampler worker is alive; looked up at most once a second."""
+        checked, modules = self._samplers_checked
         if time.monotonic() - checked > 1.0:
-            alive = bool(self.redis.live_workers("sampler"))
-            self._samplers_checked = (time.monotonic(), alive)
-        return alive
+            live = self.redis.live_workers("sampler")
+            modules = None
+            if live:
+                served = [served_modules(raw) for raw in self.redis.redis.mget(
+                    [self.keys.sampler_modules(w) for w in live])]
+                modules = frozenset.intersection(*served)
+            self._samplers_checked = (time.monotonic(), modules)
+        return modules
 
     def _snapshot_for(self, owner: str, body: dict[str, Any]) -> Path | None:
         sampler_id = body.get("sampling_session_id")
@@ -300,10 +359,10 @@ class DistributedService(TrainingService):
 
     def _route_sample(self, work: Work) -> None:
         """Hand a validated sample job to the sampler workers, or to this engine."""
-        if self._route is _LOCAL:
+        job = work.sample
+        if self._route is _LOCAL or not self._servable(job.adapter):
             self._submit_local_sample(work)
             return
-        job = work.sample
         request_id = self.futures.last_created.request_id  # type: ignore[attr-defined]
         payload = {
             "request_id": request_id,
@@ -322,6 +381,15 @@ class DistributedService(TrainingService):
         pipe.lpush(self.keys.samples, request_id)
         pipe.execute()
         self.remote_sampled = True
+
+
+    def _servable(self, adapter: Any) -> bool:
+        """Whether the live sampler workers serve every module the adapter trains (vLLM serves
+        no LoRA on Gemma's tied output head): what they cannot serve is sampled here."""
+        modules = self._remote_modules()
+        if adapter is None or modules is None or ALL_MODULES in modules:
+            return modules is not None
+        return {name.rsplit(".", 1)[-1] for name in adapter.a} <= modules
 
 
 class SchedulerBackend:
@@ -349,19 +417,26 @@ class SchedulerBackend:
 
 
 class TrainerWorker:
-    """Lease, recovery, the op loop and the heartbeat of one trainer process."""
+    """Placement, take-over, the op loop and the heartbeat of one trainer replica."""
 
     def __init__(self, service: DistributedService, worker_id: str | None = None,
                  heartbeat_ttl: float = 10.0):
         self.service = service
         self.store = service.redis
         self.keys = service.keys
-        self.worker_id = worker_id or f"trainer-{uuid.uuid4().hex[:8]}"
+        # A fresh id per life: a lapsed heartbeat can never be renewed by a later process.
+        self.worker_id = f"{worker_id or 'trainer'}-{uuid.uuid4().hex[:6]}"
+        service.worker_id = self.worker_id
+        service.futures.taken = self.keys.taken(self.worker_id)  # type: ignore[attr-defined]
+        self.queue, self.taken = self.keys.queue(self.worker_id), self.keys.taken(self.worker_id)
         self.heartbeat_ttl = heartbeat_ttl
         self.app = create_app(service, TrustedOwner())  # type: ignore[arg-type]
         self.recovered = threading.Event()
+        self.taken_over: list[dict[str, Any]] = []
         self._stop = threading.Event()
-        self._renew = self.store.redis.register_script(RENEW_LEASE)
+        self._renew = self.store.redis.register_script(RENEW_HEARTBEAT)
+        self._take_over = self.store.redis.register_script(TAKE_OVER)
+        self._take_shared = self.store.redis.register_script(TAKE_SHARED)
         self._dispatcher = threading.Thread(target=self._dispatch_thread, name="dispatcher",
                                             daemon=True)
         self._heart = threading.Thread(target=self._heartbeat_thread, name="heartbeat",
@@ -372,56 +447,49 @@ class TrainerWorker:
         self._drain = threading.Thread(target=self._drain_thread, name="sample-fallback",
                                        daemon=True)
 
-    # -------------------------------------------------------------- lease
-    def _acquire_lease(self) -> None:
-        ttl_ms = int(self.heartbeat_ttl * 1000)
-        while not self._stop.is_set():
-            if self.store.redis.set(self.keys.lease, self.worker_id, nx=True, px=ttl_ms):
-                log.info("trainer %s holds the trainer lease", self.worker_id)
-                return
-            self._stop.wait(min(1.0, self.heartbeat_ttl / 4))
-
+    # ---------------------------------------------------------- lifecycle
     def start(self) -> TrainerWorker:
-        self._acquire_lease()
-        live = set(self.store.live_workers("trainer"))
-        for member in self.store.redis.smembers(self.keys.members("trainer")):
-            if member.decode() not in live:  # earlier lives of trainers
-                self.store.redis.srem(self.keys.members("trainer"), member)
-        self.fallback.reclaim(include_own=True)
+        self.store.heartbeat("trainer", self.worker_id, self.heartbeat_ttl)
+        log.info("trainer %s joined", self.worker_id)
         self._heart.start()
         self._dispatcher.start()
         self._drain.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, save: bool = True) -> None:
+        """Drain: take no more ops, save every run, then let the heartbeat lapse at once so
+        another replica takes the sessions over from those saves."""
         self._stop.set()
         self._dispatcher.join(timeout=30)
+        if save and self.recovered.is_set():
+            try:
+                log.info("trainer %s saved %d runs before leaving", self.worker_id,
+                         self.service.save_all_runs())
+            except Exception:  # noqa: BLE001 - the journal replays what was not saved
+                log.exception("saving runs before leaving failed")
         self._heart.join(timeout=10)
         self._drain.join(timeout=30)
         self.store.redis.delete(self.keys.alive("trainer", self.worker_id))
-        if (self.store.redis.get(self.keys.lease) or b"").decode() == self.worker_id:
-            self.store.redis.delete(self.keys.lease)
         self.service.scheduler.stop()
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         stalled = self.service.scheduler.stalled_seconds()
         healthy = stalled <= self.service.scheduler.stall_limit
         ready = self.recovered.is_set() and healthy and self._dispatcher.is_alive()
+        sessions = self.store.redis.scard(self.keys.owned(self.worker_id))
         return ready, {"worker_id": self.worker_id, "recovered": self.recovered.is_set(),
-                       "engine_stalled": not healthy}
+                       "engine_stalled": not healthy, "sessions": sessions}
 
     def _heartbeat_thread(self) -> None:
         ttl_ms = int(self.heartbeat_ttl * 1000)
         while not self._stop.wait(self.heartbeat_ttl / 4):
             try:
-                if not self._renew(keys=[self.keys.lease], args=[self.worker_id, ttl_ms]):
-                    # Another trainer may own the runs now: continuing would fork their state.
-                    log.critical("trainer %s lost the trainer lease; exiting", self.worker_id)
+                if not self._renew(keys=[self.keys.alive("trainer", self.worker_id)],
+                                   args=[ttl_ms]):
+                    # Another replica may own these sessions now: going on would fork them.
+                    log.critical("trainer %s missed its heartbeat; its sessions moved on; "
+                                 "exiting", self.worker_id)
                     os._exit(3)
-                if self.readiness()[0]:
-                    self.store.heartbeat("trainer", self.worker_id, self.heartbeat_ttl)
-                else:
-                    self.store.redis.delete(self.keys.alive("trainer", self.worker_id))
             except Exception:  # noqa: BLE001 - a Redis hiccup must not kill the heartbeat
                 log.exception("trainer heartbeat failed")
 
@@ -444,29 +512,64 @@ class TrainerWorker:
         async with httpx.AsyncClient(transport=transport, base_url="http://trainer",
                                      timeout=None) as client:
             self._client = client
-            await self.recover()
+            await self.take_over_lapsed()
             self.recovered.set()
+            scanned = time.monotonic()
             while not self._stop.is_set():
                 try:
-                    raw = self.store.redis.blmove(self.keys.ops, self.keys.processing, 1.0,
-                                                  "RIGHT", "LEFT")
+                    if time.monotonic() - scanned > self.heartbeat_ttl / 2:
+                        await self.take_over_lapsed()
+                        scanned = time.monotonic()
+                    raw = self._take_shared(keys=[self.keys.shared_ops, self.taken],
+                                            args=[self.keys.prefix, self.worker_id])
+                    if raw is None:
+                        raw = self.store.redis.blmove(self.queue, self.taken, 0.5, "RIGHT",
+                                                      "LEFT")
                     if raw is not None:
                         await self.handle(raw.decode())
                 except Exception:  # noqa: BLE001 - the op stays taken and is redelivered
                     log.exception("dispatching an op failed")
                     self._stop.wait(1.0)
 
-    async def recover(self) -> None:
-        """Rebuild sessions and runs from the journal, then requeue ops taken but never done."""
+    async def take_over_lapsed(self) -> None:
+        """Take over every trainer whose heartbeat lapsed: its sessions, its queue, and what it
+        had taken; then rebuild those sessions from their journals."""
+        redis, keys = self.store.redis, self.keys
+        members = {m.decode() for m in redis.smembers(keys.members("trainer"))}
+        for dead in sorted(members - {self.worker_id}):
+            started = time.monotonic()
+            moved_before = redis.llen(self.queue)
+            taken = self._take_over(
+                keys=[keys.alive("trainer", dead), keys.owned(dead), keys.queue(dead),
+                      keys.taken(dead), keys.owned(self.worker_id), self.queue,
+                      keys.members("trainer")],
+                args=[keys.prefix, dead, self.worker_id])
+            if taken is None:
+                continue  # still alive
+            sessions = {s.decode() for s in taken}
+            replayed = await self.recover(sessions)
+            event = {"from": dead, "sessions": len(sessions), "replayed": replayed,
+                     "queued": redis.llen(self.queue) - moved_before,
+                     "seconds": round(time.monotonic() - started, 3)}
+            self.taken_over.append(event)
+            log.info("trainer %s took over %s: %d sessions, %d ops replayed", self.worker_id,
+                     dead, len(sessions), replayed)
+
+    async def recover(self, sessions: set[str]) -> int:
+        """Rebuild these sessions (their runs and samplers) from the journal and saved state;
+        returns how many ops were replayed."""
+        if not sessions:
+            return 0
         redis, keys, service = self.store.redis, self.keys, self.service
         service.replaying = True
+        replayed = 0
         try:
-            control = redis.lrange(keys.control_log, 0, -1)
-            for raw in control:
-                await self.handle(parse_entry(raw)[0], replay=True)
-            service.restore_sampler_sessions()
-            replayed = len(control)
-            for run_id in list(service.runs):
+            for session in sorted(sessions):
+                for raw in redis.lrange(keys.control_log(session), 0, -1):
+                    await self.handle(parse_entry(raw)[0], replay=True)
+                    replayed += 1
+            service.restore_sampler_sessions(sessions)
+            for run_id in [r for r in service.runs if session_of_id(r) in sessions]:
                 point = service.saves.point(run_id)
                 if point is not None:
                     service.restore_run(run_id, point)
@@ -477,18 +580,14 @@ class TrainerWorker:
                         replayed += 1
         finally:
             service.replaying = False
-        requeued = 0
-        while redis.lmove(keys.processing, keys.ops, "LEFT", "RIGHT") is not None:
-            requeued += 1
-        log.info("trainer %s recovered: %d ops replayed, %d requeued", self.worker_id,
-                 replayed, requeued)
+        return replayed
 
     async def handle(self, op_id: str, replay: bool = False) -> None:
         redis, keys = self.store.redis, self.keys
         fields = redis.hgetall(keys.op(op_id))
         if not fields:  # withdrawn by its gateway, or already covered by a saved state
             if not replay:
-                redis.lrem(keys.processing, 0, op_id)
+                redis.lrem(self.taken, 0, op_id)
             return
         method = fields[b"method"].decode()
         path = fields[b"path"].decode()
@@ -510,22 +609,9 @@ class TrainerWorker:
             except Exception:  # noqa: BLE001 - the app accepted it; nothing to journal
                 target = None
         if not replay:
-            pipe = redis.pipeline(transaction=True)
-            if target is not None:
-                log_key = keys.control_log if target.control else keys.run_log(target.run_id)
-                entry = log_entry(op_id, target.seq_id)
-                pipe.rpush(log_key, entry)
-                session_id = control_session(op_id, path, body) if target.control else None
-                if session_id is not None:
-                    pipe.sadd(keys.session_ops(session_id), entry)
-                pipe.hset(keys.op(op_id), "body", body)
-                pipe.lrem(keys.processing, 0, op_id)
-            elif not (path == "/asample" and response.status_code < 400
-                      and not self.service.remote_sampled):
-                pipe.lrem(keys.processing, 0, op_id)
-                pipe.delete(keys.op(op_id))
-            # else: sampled here; acknowledged when its result is stored
-            pipe.execute()
+            self._acknowledge(op_id, method, path, body, target,
+                              path == "/asample" and response.status_code < 400
+                              and not self.service.remote_sampled)
         reply = encode_reply(response.status_code, response.headers.get("content-type", ""),
                              response.content)
         if response.status_code >= 500 and not replay:
@@ -534,3 +620,44 @@ class TrainerWorker:
             self.store.publish_once(keys.reply(op_id), reply, FAULT_REPLY_TTL_SECONDS)
             return
         self.store.publish_once(keys.reply(op_id), reply, REPLY_TTL_SECONDS)
+
+    def _acknowledge(self, op_id: str, method: str, path: str, body: bytes,
+                     target: Target | None, sampled_here: bool) -> None:
+        """Journal (if it changed state) and acknowledge an op in one transaction, fenced on
+        its session's placement: if another replica owns the session now, this one exits."""
+        redis, keys = self.store.redis, self.keys
+        session = log_key = None
+        if target is not None:
+            session = (control_session(op_id, path, body) if target.control
+                       else session_of_id(target.run_id))
+        if session is not None and target is not None:
+            log_key = (keys.control_log(session) if target.run_id is None
+                       else keys.run_log(target.run_id))
+        if session is None or log_key is None or target is None:
+            if not sampled_here:  # else: acknowledged when its result is stored
+                pipe = redis.pipeline(transaction=True)
+                pipe.lrem(self.taken, 0, op_id)
+                pipe.delete(keys.op(op_id))
+                pipe.execute()
+            return
+        placement = keys.placement(session)
+        with redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(placement)
+                    owner = pipe.get(placement)
+                    if owner is not None and owner.decode() != self.worker_id:
+                        log.critical("trainer %s lost session %s to %s; exiting",
+                                     self.worker_id, session, owner.decode())
+                        os._exit(3)
+                    pipe.multi()
+                    pipe.rpush(log_key, log_entry(op_id, target.seq_id))
+                    if owner is None and path == "/create_session":
+                        pipe.set(placement, self.worker_id)
+                        pipe.sadd(keys.owned(self.worker_id), session)
+                    pipe.hset(keys.op(op_id), "body", body)
+                    pipe.lrem(self.taken, 0, op_id)
+                    pipe.execute()
+                    return
+                except redis_errors.WatchError:
+                    continue

@@ -32,9 +32,11 @@ def role_parser(role: str) -> argparse.ArgumentParser:
     group.add_argument("--redis-prefix", default="ar",
                        help="key prefix, so deployments can share one Redis")
     group.add_argument("--worker-id", default=None,
-                       help="this worker's id (default: role, host name and pid)")
+                       help="this worker's id (default: role, host name and pid; a trainer "
+                       "adds a suffix per life)")
     group.add_argument("--heartbeat-ttl", type=float, default=10.0,
-                       help="seconds a heartbeat (and the trainer lease) lasts unless renewed")
+                       help="seconds a heartbeat lasts unless renewed; a trainer whose "
+                       "heartbeat lapses has its sessions taken over by another replica")
     if role == "trainer":
         group.add_argument("--save-every", type=int, default=4,
                            help="save a run's state every this many optimizer steps")
@@ -100,7 +102,7 @@ def run_trainer(args: argparse.Namespace) -> None:
                                  limits=config.limits)
     service.scheduler.stall_limit = args.stall_seconds
     worker = TrainerWorker(service, _worker_id("trainer", args), args.heartbeat_ttl)
-    # Health is served while the worker waits for the lease and replays its journal.
+    # Health is served while the worker takes over lapsed replicas and replays their journals.
     threading.Thread(target=worker.start, name="trainer-start", daemon=True).start()
     app = health_app("autoresearch trainer", worker.readiness, service.metrics.render)
     try:

@@ -154,7 +154,8 @@ def _post(url: str, path: str, body: dict, key: str = API_KEY) -> dict:
 def test_gateway_is_not_ready_until_a_trainer_heartbeats(cluster: Cluster) -> None:
     assert cluster.readyz_before_trainer == 503
     ready = httpx.get(cluster.gateways[1].url + "/readyz", timeout=5).json()
-    assert ready["trainers"] == ["trainer-0"]
+    [trainer] = ready["trainers"]
+    assert trainer.startswith("trainer-0-")  # the given id plus a suffix per life
     assert http_status(cluster.gateways[0].url + "/api/v1/healthz") == 200
 
 
@@ -321,16 +322,18 @@ def test_a_trainer_killed_mid_queue_loses_and_duplicates_nothing(
                   for _ in range(second)]
         scored = client.forward(_scoring(data), "cross_entropy")
         queued[0][0].result(timeout=120)
+        [old] = httpx.get(cluster.gateways[1].url + "/readyz", timeout=5).json()["trainers"]
+        queue, taken = f"ar:ops:queue:{old}", f"ar:ops:taken:{old}"
         cluster.trainer.send(signal.SIGSTOP)
         # A request reaches the frozen trainer's queue; the trainer dies holding it.
         late = pool.submit(_post_until_answered, cluster.gateways[1].url, "create_session",
                            {"tags": ["late"]}, "late-session")
         deadline = time.monotonic() + 60
-        while not _ops_with_path(cluster.redis, "ar:ops:processing", b"/create_session"):
+        while not _ops_with_path(cluster.redis, taken, b"/create_session"):
             # The frozen trainer's last BLMOVE may still take it; else it is taken for it.
-            for op_id in _ops_with_path(cluster.redis, "ar:ops", b"/create_session"):
+            for op_id in _ops_with_path(cluster.redis, queue, b"/create_session"):
                 move = cluster.redis.pipeline(transaction=True)
-                move.lrem("ar:ops", 1, op_id).lpush("ar:ops:processing", op_id).execute()
+                move.lrem(queue, 1, op_id).lpush(taken, op_id).execute()
             assert time.monotonic() < deadline, "the request never reached the queue"
             time.sleep(0.05)
         cluster.trainer.send(signal.SIGKILL)
@@ -351,5 +354,8 @@ def test_a_trainer_killed_mid_queue_loses_and_duplicates_nothing(
     sessions = httpx.get(cluster.gateways[0].url + "/api/v1/sessions", params={"limit": 1000},
                          headers={"X-API-Key": API_KEY}, timeout=60).json()["sessions"]
     assert sessions.count(late_session) == 1
-    assert cluster.redis.llen("ar:ops:processing") == 0
-    assert not _ops_with_path(cluster.redis, "ar:ops", b"/forward_backward", b"/optim_step")
+    [new] = httpx.get(cluster.gateways[1].url + "/readyz", timeout=5).json()["trainers"]
+    assert new != old and not cluster.redis.exists(queue, taken)  # moved, then taken
+    assert cluster.redis.llen(f"ar:ops:taken:{new}") == 0
+    assert not _ops_with_path(cluster.redis, f"ar:ops:queue:{new}", b"/forward_backward",
+                              b"/optim_step")

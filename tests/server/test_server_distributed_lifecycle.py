@@ -1,6 +1,6 @@
 """Distributed mode keeps nothing forever either: a freed sampling session leaves Redis and the
-shared snapshot storage, a dropped session leaves the control log (so restarts stop replaying
-it), and sessions restored after a restart are read lazily, inside the resident cap.
+shared snapshot storage, a dropped session leaves its journal and placement (so no take-over
+replays it), and sessions restored after a restart are read lazily, inside the resident cap.
 
 The trainer's service runs in process against a real `redis-server`; the journaling of ops is
 exercised end to end by `test_server_distributed.py`.
@@ -72,22 +72,26 @@ def test_a_freed_sampling_session_leaves_redis_and_the_snapshot_store(engine, re
         service.scheduler.stop()
 
 
-def test_a_dropped_session_leaves_the_control_log(engine, redis_url, tmp_path):
+def test_a_dropped_session_leaves_its_journal_and_its_placement(engine, redis_url, tmp_path):
     service = _service(engine, redis_url, tmp_path / "data", "drop")
+    service.worker_id = "trainer-x"
     redis, keys = service.redis.redis, service.keys
     try:
         for session_id, ops in (("sess-gone", ["op-1", "op-2"]), ("sess-kept", ["op-3"])):
             service.sessions[session_id] = service._new_session(session_id, "key-x", {})
+            redis.set(keys.placement(session_id), "trainer-x")
+            redis.sadd(keys.owned("trainer-x"), session_id)
             for op in ops:
-                entry = log_entry(op, None)
-                redis.rpush(keys.control_log, entry)
+                redis.rpush(keys.control_log(session_id), log_entry(op, None))
                 redis.hset(keys.op(op), "path", "/create_model")
-                redis.sadd(keys.session_ops(session_id), entry)
         service._drop_session(service.sessions["sess-gone"])
-        assert [e.decode() for e in redis.lrange(keys.control_log, 0, -1)] == ["op-3|"]
+        assert not redis.exists(keys.control_log("sess-gone"))
+        assert [e.decode() for e in redis.lrange(keys.control_log("sess-kept"), 0, -1)] == [
+            "op-3|"]
         assert not redis.exists(keys.op("op-1")) and not redis.exists(keys.op("op-2"))
         assert redis.exists(keys.op("op-3"))
-        assert not redis.exists(keys.session_ops("sess-gone"))
+        assert not redis.exists(keys.placement("sess-gone"))
+        assert redis.smembers(keys.owned("trainer-x")) == {b"sess-kept"}
         assert "sess-gone" not in service.sessions
     finally:
         service.scheduler.stop()
@@ -100,6 +104,8 @@ def test_a_dropped_session_leaves_the_control_log(engine, redis_url, tmp_path):
     ("/load_weights", b'{"session_id": "sess-z", "path": "p"}', "sess-z"),
     ("/sessions/sess-w/finish", b"{}", "sess-w"),
     ("/training_runs/sess-v:train:0", b"", "sess-v"),
+    ("/training_runs/copy-0123", b"", None),
+    ("/sessions/not-a-session/finish", b"{}", None),
 ])
 def test_every_control_op_is_indexed_under_its_session(path, body, session):
     assert control_session("op-0123456789abcdef", path, body) == session

@@ -1,0 +1,111 @@
+"""Which trainer owns what: sessions are placed on trainers, and ops follow their session.
+
+A Tinker session (one `ServiceClient`) owns its runs and sampling sessions, and every id the
+server hands out names it (`sess-…`, `sess-…:train:N`, `sess-…:sample:N`). So the unit of
+placement is the session: all of a session's state lives on one trainer, which journals it, and
+every op that names the session, one of its runs or one of its samplers goes to that trainer's
+queue. Ops that name no session (listings, capabilities) go to the least-loaded live trainer,
+since they read the shared data directory.
+
+Placement is changed only by Lua scripts, so it is atomic with respect to the gateways' enqueue:
+an op is pushed to the queue of the trainer that owns its session at that instant, and a
+take-over moves the dead trainer's queue and re-places its sessions in one step, so no op is
+ever pushed to a queue nobody reads.
+"""
+
+from __future__ import annotations
+
+from tinker.proto import tinker_public_pb2 as pb
+
+from server.distributed.journal import parse_json
+
+SESSION_PREFIX = "sess-"
+SHARED_QUEUE = ""
+"""The candidate a gateway names when no trainer is alive: the shared queue any trainer drains."""
+
+
+def session_of_id(value: object) -> str | None:
+    """The session a server-issued id belongs to (`sess-x`, `sess-x:train:3`, a tinker path)."""
+    if not isinstance(value, str):
+        return None
+    text = value.removeprefix("tinker://")
+    head = text.split("/", 1)[0].split(":", 1)[0]
+    return head if head.startswith(SESSION_PREFIX) and len(head) <= 64 else None
+
+
+def new_session_id(op_id: str) -> str:
+    """The id `create_session` gives: derived from the op id, so a replay gives the same one."""
+    return f"{SESSION_PREFIX}{op_id.removeprefix('op-')[:12]}"
+
+
+def shard_of(op_id: str, method: str, path: str, body: bytes) -> str | None:
+    """The session an op belongs to, or None when it names none."""
+    if method == "POST" and path == "/create_session":
+        return new_session_id(op_id)
+    parts = path.split("/")
+    if len(parts) > 2 and parts[1] in ("sessions", "training_runs", "samplers"):
+        return session_of_id(parts[2])
+    if method != "POST":
+        return None
+    if path == "/forward_backward":
+        message = pb.ForwardBackwardRequest()
+        try:
+            message.ParseFromString(body)
+        except Exception:  # noqa: BLE001 - malformed: any trainer refuses it the same way
+            return None
+        return session_of_id(message.model_id)
+    data = parse_json(body)
+    for field in ("session_id", "model_id", "sampling_session_id", "model_path", "path",
+                  "source_path"):
+        session = session_of_id(data.get(field))
+        if session is not None:
+            return session
+    return None
+
+
+ENQUEUE_ROUTED = """
+-- KEYS: claim, op hash, reply. ARGV: ttl, op id, key prefix, session or '', candidate, fields...
+if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
+  redis.call('DEL', KEYS[3], KEYS[3] .. ':n')
+  redis.call('HSET', KEYS[2], unpack(ARGV, 6))
+  local owner = false
+  if ARGV[4] ~= '' then
+    owner = redis.call('GET', ARGV[3] .. ':placement:' .. ARGV[4])
+  end
+  if not owner then owner = ARGV[5] end
+  local queue = ARGV[3] .. ':ops'
+  if owner ~= '' then queue = ARGV[3] .. ':ops:queue:' .. owner end
+  redis.call('HSET', KEYS[2], 'session', ARGV[4], 'queue', queue)
+  redis.call('LPUSH', queue, ARGV[2])
+  return 1
+end
+return 0
+"""
+
+WITHDRAW_ROUTED = """
+-- KEYS: op hash, claim. ARGV: op id. Takes back an op still waiting in the queue it was put in.
+local queue = redis.call('HGET', KEYS[1], 'queue')
+if queue and redis.call('LREM', queue, 1, ARGV[1]) == 1 then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  return 1
+end
+return 0
+"""
+
+TAKE_OVER = """
+-- KEYS: the dead trainer's alive key, its sessions, its queue, its taken list, the taker's
+-- sessions, the taker's queue, the trainer members. ARGV: prefix, dead id, taker id.
+-- Refuses while the dead trainer still heartbeats; returns the sessions taken over.
+if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+local sessions = redis.call('SMEMBERS', KEYS[2])
+for _, session in ipairs(sessions) do
+  redis.call('SET', ARGV[1] .. ':placement:' .. session, ARGV[3])
+  redis.call('SADD', KEYS[5], session)
+end
+-- Taken-but-unacknowledged ops first, then the pending ones, both in their original order.
+while redis.call('LMOVE', KEYS[4], KEYS[6], 'RIGHT', 'LEFT') do end
+while redis.call('LMOVE', KEYS[3], KEYS[6], 'RIGHT', 'LEFT') do end
+redis.call('DEL', KEYS[2])
+redis.call('SREM', KEYS[7], ARGV[2])
+return sessions
+"""

@@ -1,0 +1,134 @@
+"""Placement of ops on trainer replicas: which session an op names (as the gateway reads it)
+and the Lua scripts that route, withdraw and take over, against a real `redis-server`.
+
+The processes themselves (two trainers, one killed mid-step) run in the deployment rehearsal
+(`tests/deploy/test_deploy_rehearsal.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+
+import pytest
+import redis
+from tinker.proto import tinker_public_pb2 as pb
+
+from server.distributed.placement import (
+    ENQUEUE_ROUTED,
+    TAKE_OVER,
+    WITHDRAW_ROUTED,
+    new_session_id,
+    session_of_id,
+    shard_of,
+)
+from server.distributed.store import Keys
+from tests.server.server_helpers import start_redis
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("redis-server") is None,
+    reason="redis-server is not installed (apt-get install -y redis-server)",
+)
+
+
+def _json(**fields) -> bytes:
+    return json.dumps(fields).encode()
+
+
+def _forward_backward(model_id: str) -> bytes:
+    return pb.ForwardBackwardRequest(model_id=model_id, seq_id=3).SerializeToString()
+
+
+@pytest.mark.parametrize(("method", "path", "body", "session"), [
+    ("POST", "/create_session", b"{}", new_session_id("op-0123456789abcdef")),
+    ("POST", "/create_model", _json(session_id="sess-a"), "sess-a"),
+    ("POST", "/forward_backward", _forward_backward("sess-b:train:0"), "sess-b"),
+    ("POST", "/forward_backward", b"\xff\xfe not protobuf", None),
+    ("POST", "/optim_step", _json(model_id="sess-c:train:2", seq_id=4), "sess-c"),
+    ("POST", "/asample", _json(sampling_session_id="sess-d:sample:1"), "sess-d"),
+    ("POST", "/asample", _json(model_path="tinker://sess-e:train:0/sampler_weights/s"),
+     "sess-e"),
+    ("POST", "/weights_info", _json(path="tinker://sess-f:train:1/weights/w"), "sess-f"),
+    ("POST", "/session_heartbeat", _json(session_id="sess-g"), "sess-g"),
+    ("GET", "/training_runs/sess-h:train:0/checkpoints", b"", "sess-h"),
+    ("GET", "/samplers/sess-i:sample:0", b"", "sess-i"),
+    ("POST", "/sessions/sess-j/finish", b"{}", "sess-j"),
+    ("GET", "/training_runs", b"", None),
+    ("GET", "/get_server_capabilities", b"", None),
+    ("POST", "/create_model", _json(session_id=None), None),
+    ("POST", "/create_model", _json(session_id="sess-" + "x" * 300), None),
+    ("POST", "/create_model", b"[1, 2]", None),
+])
+def test_the_gateway_reads_the_session_every_op_names(method, path, body, session) -> None:
+    assert shard_of("op-0123456789abcdef", method, path, body) == session
+
+
+def test_ids_the_server_issues_name_their_session() -> None:
+    assert session_of_id("sess-a1:train:7") == "sess-a1"
+    assert session_of_id("tinker://sess-a1:train:7/weights/step-1") == "sess-a1"
+    assert session_of_id("copy-1234") is None
+    assert session_of_id(12) is None
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory) -> Iterator[redis.Redis]:
+    process, url = start_redis(tmp_path_factory.mktemp("placement"))
+    yield redis.Redis.from_url(url)
+    process.terminate()
+    process.wait(timeout=30)
+
+
+def _enqueue(client: redis.Redis, keys: Keys, op_id: str, session: str, candidate: str) -> int:
+    script = client.register_script(ENQUEUE_ROUTED)
+    return script(keys=[keys.claim(op_id), keys.op(op_id), keys.reply(op_id)],
+                  args=[60, op_id, keys.prefix, session, candidate, "method", "POST"])
+
+
+def test_an_op_goes_to_its_sessions_owner_whatever_the_candidate(client) -> None:
+    keys = Keys("route")
+    client.set(keys.placement("sess-a"), "trainer-1")
+    assert _enqueue(client, keys, "op-1", "sess-a", "trainer-2") == 1
+    assert _enqueue(client, keys, "op-2", "sess-new", "trainer-2") == 1
+    assert _enqueue(client, keys, "op-3", "", "") == 1
+    assert _enqueue(client, keys, "op-1", "sess-a", "trainer-2") == 0  # a retry: once only
+    assert client.lrange(keys.queue("trainer-1"), 0, -1) == [b"op-1"]
+    assert client.lrange(keys.queue("trainer-2"), 0, -1) == [b"op-2"]
+    assert client.lrange(keys.shared_ops, 0, -1) == [b"op-3"]
+    assert client.hget(keys.op("op-1"), "session") == b"sess-a"
+    withdraw = client.register_script(WITHDRAW_ROUTED)
+    assert withdraw(keys=[keys.op("op-2"), keys.claim("op-2")], args=["op-2"]) == 1
+    assert client.llen(keys.queue("trainer-2")) == 0 and not client.exists(keys.op("op-2"))
+
+
+def test_a_take_over_moves_sessions_and_ops_in_order_and_only_from_the_dead(client) -> None:
+    keys = Keys("take")
+    members = keys.members("trainer")
+    client.sadd(members, "dead", "alive", "taker")
+    client.set(keys.alive("alive", "x"), "1")
+    for trainer, sessions in (("dead", ["sess-a", "sess-b"]), ("alive", ["sess-c"])):
+        for session in sessions:
+            client.set(keys.placement(session), trainer)
+            client.sadd(keys.owned(trainer), session)
+    # Oldest at the right, as gateways push (LPUSH) and trainers take (BLMOVE RIGHT LEFT).
+    client.lpush(keys.taken("dead"), "op-1", "op-2")
+    client.lpush(keys.queue("dead"), "op-3", "op-4")
+    client.lpush(keys.queue("taker"), "op-mine")
+    take = client.register_script(TAKE_OVER)
+
+    def take_over(dead: str):
+        return take(keys=[keys.alive("trainer", dead), keys.owned(dead), keys.queue(dead),
+                          keys.taken(dead), keys.owned("taker"), keys.queue("taker"), members],
+                    args=[keys.prefix, dead, "taker"])
+
+    client.set(keys.alive("trainer", "alive"), "1")
+    assert take_over("alive") is None  # its heartbeat stands: nothing moves
+    assert sorted(take_over("dead")) == [b"sess-a", b"sess-b"]
+    assert client.get(keys.placement("sess-a")) == b"taker"
+    assert client.get(keys.placement("sess-c")) == b"alive"
+    assert client.smembers(keys.owned("taker")) == {b"sess-a", b"sess-b"}
+    # Taken in the order the queue is read: its own op, then the dead one's taken, then pending.
+    order = [client.rpop(keys.queue("taker")) for _ in range(5)]
+    assert order == [b"op-mine", b"op-1", b"op-2", b"op-3", b"op-4"]
+    assert client.smembers(members) == {b"alive", b"taker"}
+    assert take_over("dead") == []  # a second taker finds nothing left
