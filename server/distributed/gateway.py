@@ -26,12 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from server.api.auth import AuthError, KeyRing
 from server.api.errors import error_response, request_error
 from server.api.http_body import BodyTooLarge, BodyTooSlow, read_body
-from server.distributed.placement import (
-    ENQUEUE_ROUTED,
-    SHARED_QUEUE,
-    WITHDRAW_ROUTED,
-    shard_of,
-)
+from server.distributed.placement import ENQUEUE_ROUTED, WITHDRAW_ROUTED, shard_of
 from server.distributed.store import REPLY_TTL_SECONDS, Keys, decode_reply, decode_result
 from server.protocol.futures import LONG_POLL_SECONDS
 
@@ -65,7 +60,7 @@ class Gateway:
         self.keys = keys
         self._enqueue = client.register_script(ENQUEUE_ROUTED)
         self._withdraw = client.register_script(WITHDRAW_ROUTED)
-        self._candidate: tuple[float, str] = (0.0, SHARED_QUEUE)
+        self._trainers: tuple[float, list[str]] = (0.0, [])
 
     async def wait_value(self, key: str, timeout: float) -> bytes | None:
         value = await self.redis.get(key)
@@ -74,38 +69,31 @@ class Gateway:
             value = await self.redis.get(key)
         return value
 
-    async def candidate(self) -> str:
-        """The live trainer with the fewest sessions (looked up at most once a second), or the
-        shared queue when none is alive."""
-        checked, trainer = self._candidate
+    async def trainers(self) -> list[str]:
+        """The live trainers (looked up at most once a second): where new sessions may go."""
+        checked, live = self._trainers
         if time.monotonic() - checked > 1.0:
             live = await self.live_trainers()
-            trainer = SHARED_QUEUE
-            if live:
-                pipe = self.redis.pipeline()
-                for member in live:
-                    pipe.scard(self.keys.owned(member))
-                loads = await pipe.execute()
-                trainer = min(zip(loads, live, strict=True))[1]
-            self._candidate = (time.monotonic(), trainer)
-        return trainer
+            self._trainers = (time.monotonic(), live)
+        return live
 
-    async def submit(self, op_id: str, session: str | None,
+    async def submit(self, op_id: str, session: str | None, creates: bool,
                      fields: dict[str, str | bytes]) -> None:
         flat: list[str | bytes] = [item for pair in fields.items() for item in pair]
+        live = await self.trainers()
         await self._enqueue(keys=[self.keys.claim(op_id), self.keys.op(op_id),
                                   self.keys.reply(op_id)],
                             args=[REPLY_TTL_SECONDS, op_id, self.keys.prefix, session or "",
-                                  await self.candidate(), *flat])
+                                  "1" if creates else "0", len(live), *live, *flat])
 
     async def withdraw(self, op_id: str) -> bool:
         """Take back an op no trainer has taken yet (so a retry may enqueue it again)."""
         return bool(await self._withdraw(keys=[self.keys.op(op_id), self.keys.claim(op_id)],
                                          args=[op_id]))
 
-    async def call(self, op_id: str, session: str | None,
+    async def call(self, op_id: str, session: str | None, creates: bool,
                    fields: dict[str, str | bytes]) -> Response:
-        await self.submit(op_id, session, fields)
+        await self.submit(op_id, session, creates, fields)
         reply = await self.wait_value(self.keys.reply(op_id), REPLY_WAIT_SECONDS)
         if reply is None:
             if await self.withdraw(op_id):
@@ -230,7 +218,8 @@ def create_gateway_app(client: aioredis.Redis, keys: KeyRing, prefix: str = "ar"
         }
         session = shard_of(op_id, request.method, "/" + path, body)
         try:
-            return await gateway.call(op_id, session, fields)
+            creates = request.method == "POST" and path == "create_session"
+            return await gateway.call(op_id, session, creates, fields)
         except aioredis.RedisError:
             log.exception("redis unavailable for %s", path)
             return error_response(503, "the server's queue is unavailable; retry", "unavailable",

@@ -20,10 +20,6 @@ from tinker.proto import tinker_public_pb2 as pb
 from server.distributed.journal import parse_json
 
 SESSION_PREFIX = "sess-"
-SHARED_QUEUE = ""
-"""The candidate a gateway names when no trainer is alive: the shared queue any trainer drains."""
-
-
 def session_of_id(value: object) -> str | None:
     """The session a server-issued id belongs to (`sess-x`, `sess-x:train:3`, a tinker path)."""
     if not isinstance(value, str):
@@ -64,22 +60,33 @@ def shard_of(op_id: str, method: str, path: str, body: bytes) -> str | None:
 
 
 ENQUEUE_ROUTED = """
--- KEYS: claim, op hash, reply. ARGV: ttl, op id, key prefix, session or '', candidate, fields...
-if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
-  redis.call('DEL', KEYS[3], KEYS[3] .. ':n')
-  redis.call('HSET', KEYS[2], unpack(ARGV, 6))
-  local owner = false
-  if ARGV[4] ~= '' then
-    owner = redis.call('GET', ARGV[3] .. ':placement:' .. ARGV[4])
+-- KEYS: claim, op hash, reply. ARGV: ttl, op id, key prefix, session or '', '1' if the op
+-- creates the session, the number n of live trainers, their ids (n), then the op's fields.
+-- An op goes to its session's owner; a new session is placed, at once, on the live trainer
+-- owning the fewest sessions (so a burst of new sessions spreads); an op that names no session
+-- goes to that trainer too; with no trainer alive, to the shared queue.
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 0 end
+local prefix, session, n = ARGV[3], ARGV[4], tonumber(ARGV[6])
+redis.call('DEL', KEYS[3], KEYS[3] .. ':n')
+redis.call('HSET', KEYS[2], unpack(ARGV, 7 + n))
+local owner = false
+if session ~= '' then owner = redis.call('GET', prefix .. ':placement:' .. session) end
+if not owner then
+  local fewest = nil
+  for i = 1, n do
+    local load = redis.call('SCARD', prefix .. ':trainer:sessions:' .. ARGV[6 + i])
+    if fewest == nil or load < fewest then fewest, owner = load, ARGV[6 + i] end
   end
-  if not owner then owner = ARGV[5] end
-  local queue = ARGV[3] .. ':ops'
-  if owner ~= '' then queue = ARGV[3] .. ':ops:queue:' .. owner end
-  redis.call('HSET', KEYS[2], 'session', ARGV[4], 'queue', queue)
-  redis.call('LPUSH', queue, ARGV[2])
-  return 1
+  if owner and ARGV[5] == '1' and session ~= '' then
+    redis.call('SET', prefix .. ':placement:' .. session, owner)
+    redis.call('SADD', prefix .. ':trainer:sessions:' .. owner, session)
+  end
 end
-return 0
+local queue = prefix .. ':ops'
+if owner then queue = prefix .. ':ops:queue:' .. owner end
+redis.call('HSET', KEYS[2], 'session', session, 'queue', queue)
+redis.call('LPUSH', queue, ARGV[2])
+return 1
 """
 
 WITHDRAW_ROUTED = """

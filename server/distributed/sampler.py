@@ -104,6 +104,10 @@ class SamplerWorker:
             except Exception:  # noqa: BLE001 - jobs stay taken and are retried
                 log.exception("sampling batch failed")
                 self._stop.wait(1.0)
+                try:  # jobs whose taking was lost with Redis go back (results are write-once)
+                    self.reclaim(include_own=True)
+                except Exception:  # noqa: BLE001 - Redis still away: the next failure retries
+                    log.warning("Redis unavailable; jobs stay taken for now")
 
     def reclaim(self, include_own: bool = False) -> int:
         """Move jobs of dead samplers (and this worker's earlier life) back to the queue."""

@@ -39,6 +39,8 @@ from server.protocol.futures import LONG_POLL_SECONDS, RESULT_TTL_SECONDS, Futur
 log = logging.getLogger(__name__)
 
 REPLY_TTL_SECONDS = 3600
+RESOLVE_RETRY_SECONDS = 300.0
+"""How long a result is retried while Redis restarts (its pod is rescheduled within this)."""
 FUTURE_TTL_SECONDS = 7 * 24 * 3600
 """An unresolved future's metadata outlives any realistic queue; resolution shortens it."""
 
@@ -262,11 +264,24 @@ class RedisFutureStore:
         record.done.set()
 
     def _resolve(self, record: FutureRecord, value: bytes) -> None:
-        self.store.publish_once(self.keys.result(record.request_id), value,
-                                int(RESULT_TTL_SECONDS))
-        self.store.redis.expire(self.keys.future(record.request_id), int(RESULT_TTL_SECONDS))
-        if record.kind == "sample" and self.taken:  # never journaled: taken until now
-            self.store.ack_unlogged(self.taken, record.request_id)
+        """Store a result; while Redis is away (restarting), retry rather than lose it: the op
+        that produced it is already applied and will not run again."""
+        deadline = time.monotonic() + RESOLVE_RETRY_SECONDS
+        while True:
+            try:
+                self.store.publish_once(self.keys.result(record.request_id), value,
+                                        int(RESULT_TTL_SECONDS))
+                self.store.redis.expire(self.keys.future(record.request_id),
+                                        int(RESULT_TTL_SECONDS))
+                if record.kind == "sample" and self.taken:  # never journaled: taken until now
+                    self.store.ack_unlogged(self.taken, record.request_id)
+                break
+            except (redis.ConnectionError, redis.TimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("Redis unavailable while storing result %s; retrying",
+                            record.request_id)
+                time.sleep(0.5)
         self._fill(record, value)
 
     def resolve_json(self, record: FutureRecord, result: dict[str, Any]) -> None:

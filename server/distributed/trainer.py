@@ -433,6 +433,7 @@ class TrainerWorker:
         self.app = create_app(service, TrustedOwner())  # type: ignore[arg-type]
         self.recovered = threading.Event()
         self.taken_over: list[dict[str, Any]] = []
+        self._unfinished: dict[str, Any] = {}
         self._stop = threading.Event()
         self._renew = self.store.redis.register_script(RENEW_HEARTBEAT)
         self._take_over = self.store.redis.register_script(TAKE_OVER)
@@ -530,6 +531,14 @@ class TrainerWorker:
                 except Exception:  # noqa: BLE001 - the op stays taken and is redelivered
                     log.exception("dispatching an op failed")
                     self._stop.wait(1.0)
+                    healed = False
+                    while not healed and not self._stop.is_set():
+                        try:
+                            self.heal_taken()
+                            healed = True
+                        except Exception:  # noqa: BLE001 - Redis still away: try again
+                            log.warning("Redis unavailable; retrying")
+                            self._stop.wait(1.0)
 
     async def take_over_lapsed(self) -> None:
         """Take over every trainer whose heartbeat lapsed: its sessions, its queue, and what it
@@ -608,18 +617,47 @@ class TrainerWorker:
                 target = classify(method, path, body)
             except Exception:  # noqa: BLE001 - the app accepted it; nothing to journal
                 target = None
-        if not replay:
-            self._acknowledge(op_id, method, path, body, target,
-                              path == "/asample" and response.status_code < 400
-                              and not self.service.remote_sampled)
         reply = encode_reply(response.status_code, response.headers.get("content-type", ""),
                              response.content)
-        if response.status_code >= 500 and not replay:
-            # A server fault may be transient: waiters see it, a retry enqueues afresh.
-            redis.delete(keys.claim(op_id))
-            self.store.publish_once(keys.reply(op_id), reply, FAULT_REPLY_TTL_SECONDS)
+        if replay:
             return
-        self.store.publish_once(keys.reply(op_id), reply, REPLY_TTL_SECONDS)
+        sampled_here = (path == "/asample" and response.status_code < 400
+                        and not self.service.remote_sampled)
+
+        def finish() -> None:
+            self._acknowledge(op_id, method, path, body, target, sampled_here)
+            if response.status_code >= 500:
+                # A server fault may be transient: waiters see it, a retry enqueues afresh.
+                redis.delete(keys.claim(op_id))
+                self.store.publish_once(keys.reply(op_id), reply, FAULT_REPLY_TTL_SECONDS)
+            else:
+                self.store.publish_once(keys.reply(op_id), reply, REPLY_TTL_SECONDS)
+
+        # Applied in memory: if Redis fails now, the journal entry and the reply are retried
+        # (`heal_taken`), never the op itself.
+        self._unfinished[op_id] = finish
+        finish()
+        del self._unfinished[op_id]
+
+    def heal_taken(self) -> None:
+        """After a Redis failure: finish the ops that were applied but not journaled or
+        answered, and put back in the queue the ops taken whose taking never reached this
+        process (a BLMOVE whose reply was lost). Ops sampled here stay until their result."""
+        redis, keys = self.store.redis, self.keys
+        for op_id, finish in list(self._unfinished.items()):
+            finish()
+            del self._unfinished[op_id]
+        for raw in redis.lrange(self.taken, 0, -1):
+            op_id = raw.decode()
+            if redis.hget(keys.op(op_id), "path") == b"/asample" and redis.exists(
+                    keys.future(op_id)):
+                continue  # being sampled here (its future exists): acknowledged with it
+            pipe = redis.pipeline(transaction=True)
+            pipe.lrem(self.taken, 1, op_id)
+            pipe.rpush(self.queue, op_id)  # taken next
+            pipe.execute()
+            log.warning("trainer %s requeued op %s after a Redis failure", self.worker_id,
+                        op_id)
 
     def _acknowledge(self, op_id: str, method: str, path: str, body: bytes,
                      target: Target | None, sampled_here: bool) -> None:

@@ -79,26 +79,39 @@ def client(tmp_path_factory) -> Iterator[redis.Redis]:
     process.wait(timeout=30)
 
 
-def _enqueue(client: redis.Redis, keys: Keys, op_id: str, session: str, candidate: str) -> int:
+def _enqueue(client: redis.Redis, keys: Keys, op_id: str, session: str, live: list[str],
+             creates: bool = False) -> int:
     script = client.register_script(ENQUEUE_ROUTED)
     return script(keys=[keys.claim(op_id), keys.op(op_id), keys.reply(op_id)],
-                  args=[60, op_id, keys.prefix, session, candidate, "method", "POST"])
+                  args=[60, op_id, keys.prefix, session, "1" if creates else "0", len(live),
+                        *live, "method", "POST"])
 
 
-def test_an_op_goes_to_its_sessions_owner_whatever_the_candidate(client) -> None:
+def test_an_op_goes_to_its_sessions_owner_and_new_sessions_spread(client) -> None:
     keys = Keys("route")
+    live = ["trainer-1", "trainer-2"]
     client.set(keys.placement("sess-a"), "trainer-1")
-    assert _enqueue(client, keys, "op-1", "sess-a", "trainer-2") == 1
-    assert _enqueue(client, keys, "op-2", "sess-new", "trainer-2") == 1
-    assert _enqueue(client, keys, "op-3", "", "") == 1
-    assert _enqueue(client, keys, "op-1", "sess-a", "trainer-2") == 0  # a retry: once only
-    assert client.lrange(keys.queue("trainer-1"), 0, -1) == [b"op-1"]
-    assert client.lrange(keys.queue("trainer-2"), 0, -1) == [b"op-2"]
-    assert client.lrange(keys.shared_ops, 0, -1) == [b"op-3"]
+    client.sadd(keys.owned("trainer-1"), "sess-a")
+    assert _enqueue(client, keys, "op-1", "sess-a", live) == 1
+    # A burst of new sessions: each is placed at once, so the next sees the load it added.
+    assert _enqueue(client, keys, "op-2", "sess-b", live, creates=True) == 1
+    assert _enqueue(client, keys, "op-3", "sess-c", live, creates=True) == 1
+    assert client.get(keys.placement("sess-b")) == b"trainer-2"
+    assert client.get(keys.placement("sess-c")) in (b"trainer-1", b"trainer-2")
+    assert {client.scard(keys.owned(t)) for t in live} == {1, 2}
+    # An op for an unknown session creates no placement (ids a client invents cost nothing).
+    assert _enqueue(client, keys, "op-4", "sess-invented", live) == 1
+    assert not client.exists(keys.placement("sess-invented"))
+    assert _enqueue(client, keys, "op-5", "", []) == 1  # no trainer alive: the shared queue
+    assert _enqueue(client, keys, "op-1", "sess-a", live) == 0  # a retry: once only
+    assert client.lrange(keys.queue("trainer-1"), 0, -1)[-1] == b"op-1"
+    assert b"op-2" in client.lrange(keys.queue("trainer-2"), 0, -1)
+    assert client.lrange(keys.shared_ops, 0, -1) == [b"op-5"]
     assert client.hget(keys.op("op-1"), "session") == b"sess-a"
     withdraw = client.register_script(WITHDRAW_ROUTED)
     assert withdraw(keys=[keys.op("op-2"), keys.claim("op-2")], args=["op-2"]) == 1
-    assert client.llen(keys.queue("trainer-2")) == 0 and not client.exists(keys.op("op-2"))
+    assert b"op-2" not in client.lrange(keys.queue("trainer-2"), 0, -1)
+    assert not client.exists(keys.op("op-2"))
 
 
 def test_a_take_over_moves_sessions_and_ops_in_order_and_only_from_the_dead(client) -> None:

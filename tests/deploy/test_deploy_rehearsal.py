@@ -1,0 +1,109 @@
+"""The GKE overlays rehearsed on this machine from their rendered manifests (`tools/rehearsal`).
+
+Each overlay's workloads run as local processes with the manifests' own commands, environment
+and volume mounts (read-only root filesystems and read-only mounts enforced in mount
+namespaces), a real `redis-server`, the project's vLLM stand-in where the GPU would be, and the
+`tinker` SDK driving a training loop through the API Service's address. The split overlay runs
+two trainers and loses, one at a time, a trainer mid-step (killed), the other trainer (its pod
+deleted, so drained), a gateway, the vLLM container, the sampler worker and Redis; its runs
+must come out bit-for-bit as on the undisturbed single-GPU overlay, with every sample answered.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.server.server_helpers import build_tiny_model
+from tools.rehearsal import scenario
+from tools.rehearsal.cluster import can_isolate, mount_namespace
+from tools.rehearsal.manifests import kustomize_command
+
+STEPS = 10
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("redis-server") is None or kustomize_command() is None,
+    reason="the rehearsal needs redis-server and kustomize (or kubectl)",
+)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("rehearsal-model"))
+
+
+@pytest.fixture(scope="module")
+def single_gpu(model_dir: Path) -> Iterator[scenario.Rehearsal]:
+    rehearsal = scenario.single_gpu(model_dir, STEPS)
+    print(rehearsal.report())
+    yield rehearsal
+    rehearsal.cluster.close()
+    shutil.rmtree(rehearsal.cluster.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def split(model_dir: Path) -> Iterator[scenario.Rehearsal]:
+    rehearsal = scenario.split(model_dir, STEPS, trainers=2)
+    print(rehearsal.report())
+    yield rehearsal
+    rehearsal.cluster.close()
+    shutil.rmtree(rehearsal.cluster.root, ignore_errors=True)
+
+
+def test_containers_cannot_write_their_root_filesystem_or_read_only_mounts(tmp_path) -> None:
+    if not can_isolate():
+        pytest.fail("this machine allows no mount namespaces: read-only mounts would not be "
+                    "enforced (run as root, or with CAP_SYS_ADMIN)")
+    import subprocess
+
+    writable, read_only = tmp_path / "w", tmp_path / "r"
+    writable.mkdir()
+    read_only.mkdir()
+    script = (f"touch {writable}/ok && ! touch {read_only}/no 2>/dev/null && "
+              f"! touch {tmp_path}/no 2>/dev/null")
+    result = subprocess.run([*mount_namespace([writable], [read_only]), "sh", "-c", script],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert (writable / "ok").exists() and not (read_only / "no").exists()
+
+
+def test_the_single_gpu_overlay_trains_samples_and_survives_its_pod_replaced(single_gpu) -> None:
+    cluster = single_gpu.cluster
+    assert cluster.enforce_read_only
+    for record in single_gpu.records.values():
+        assert len(record.losses) == STEPS and record.samples == 2 * (STEPS // 3)
+    resumed = [text for _, text in cluster.events if "resumed from" in text]
+    assert len(resumed) == len(scenario.RUNS)
+
+
+def test_the_split_overlay_loses_nothing_when_each_role_dies_in_turn(single_gpu, split) -> None:
+    cluster = split.cluster
+    events = [text for _, text in cluster.events]
+    for victim in ("trainer-0/trainer killed", "vllm killed", "trainer-1 deleted",
+                   "gateway-0/gateway killed", "sampler killed", "redis killed"):
+        assert any(victim in text for text in events), victim
+    # Bit for bit the undisturbed server's losses: no step lost, none applied twice.
+    for name, record in split.records.items():
+        assert record.losses == single_gpu.records[name].losses, name
+        assert record.samples == 2 * (STEPS // 3)
+    client = redis.Redis.from_url(
+        f"redis://:{scenario.REDIS_PASSWORD}@127.0.0.1:"
+        f"{cluster.proxies['autoresearch-redis'].port}/0")
+    # Run b (output head untrained) sampled on the vLLM pod; run a on the trainers.
+    sampled = {k: int(v) for k, v in client.hgetall("ar:stats").items()
+               if k.startswith(b"sampled:sampler-")}
+    assert sum(sampled.values()) >= STEPS // 3
+    # Both sessions end placed on a live trainer, with nothing left taken or queued.
+    live = {m.decode() for m in client.smembers("ar:trainers")
+            if client.exists(f"ar:trainer:alive:{m.decode()}")}
+    for record in split.records.values():
+        owner = client.get(f"ar:placement:{record.model_id.split(':')[0]}")
+        assert owner is not None and owner.decode() in live
+    for trainer in live:
+        assert client.llen(f"ar:ops:taken:{trainer}") == 0
+        assert client.llen(f"ar:ops:queue:{trainer}") == 0
+    assert not client.exists("ar:ops")
