@@ -15,6 +15,7 @@ import collections
 import json
 import logging
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,12 +25,26 @@ from server.distributed.store import Store, encode_result
 from server.engine.engine import SampleJob, SamplingParams, UserError
 from server.protocol.codec import SampleResult, encode_sample_response
 from server.protocol.futures import RESULT_TTL_SECONDS
+from server.samplers.openai_http import VLLMUnavailable
 
 log = logging.getLogger(__name__)
 
 
 ALL_MODULES = "*"
 """What a backend without `servable_modules` (the torch engine) serves: every LoRA module."""
+
+
+UNAVAILABLE_GRACE_SECONDS = 30.0
+"""How long a backend may be unreachable (vLLM restarting) before this worker steps aside."""
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """Whether a failure means the backend cannot be reached (retry later), not a bad job."""
+    if isinstance(exc, VLLMUnavailable):
+        return True
+    outcomes = getattr(exc, "outcomes", None)
+    failures = [o for o in outcomes or [] if isinstance(o, BaseException)]
+    return bool(failures) and all(isinstance(f, VLLMUnavailable) for f in failures)
 
 
 class SamplingBackend(Protocol):
@@ -61,6 +76,7 @@ class SamplerWorker:
         self._adapters: collections.OrderedDict[str, StoredAdapter] = collections.OrderedDict()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._unavailable_since = 0.0
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> SamplerWorker:
@@ -80,12 +96,17 @@ class SamplerWorker:
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         alive = all(t.is_alive() for t in self._threads) and bool(self._threads)
-        return alive, {"worker_id": self.worker_id}
+        backend_down = bool(self._unavailable_since) and (
+            time.monotonic() - self._unavailable_since > UNAVAILABLE_GRACE_SECONDS)
+        return alive and not backend_down, {"worker_id": self.worker_id,
+                                            "backend_unavailable": backend_down}
 
     def _heartbeat(self) -> None:
         while True:
             try:
-                if self.readiness()[0]:
+                if not self.readiness()[0]:
+                    self.store.redis.delete(self.keys.alive("sampler", self.worker_id))
+                else:
                     # What it serves first, so a trainer never sees it alive without it.
                     self.store.redis.set(self.keys.sampler_modules(self.worker_id),
                                          json.dumps(self.modules),
@@ -194,11 +215,17 @@ class SamplerWorker:
                 for one in jobs:
                     self._sample([one])
                 return
+            if _unavailable(exc):
+                # vLLM restarting: the job stays taken and goes back to the queue (`_loop`);
+                # meanwhile this worker reports not ready, so trainers sample if it persists.
+                self._unavailable_since = self._unavailable_since or time.monotonic()
+                raise
             category = "user" if isinstance(exc, UserError | ValueError) else "server"
             log.warning("sampling %s failed: %s", jobs[0][0], exc)
             self._finish(jobs[0][0], encode_result(error=str(exc) or type(exc).__name__,
                                                    category=category))
             return
+        self._unavailable_since = 0.0
         for (job_id, _), result in zip(jobs, results, strict=True):
             self._finish(job_id, encode_result(proto=encode_sample_response(result)))
         self.store.redis.hincrby(self.keys.stats, f"sampled:{self.worker_id}", len(jobs))

@@ -16,8 +16,8 @@ from autoresearch.study.executors.kubernetes import KubernetesExecutor
 from autoresearch.study.journal import Journal
 from autoresearch.study.runner import resume_study, run_study
 from autoresearch.study.spec import Study, WarmupSpec
-from tests.autoresearch.fake_kube import FakeKube
 from tests.autoresearch.study_helpers import draw, summary
+from tools.rehearsal.kube_api import FakeKube
 
 TEMPLATE = (Path(__file__).resolve().parents[2]
             / "deploy/gke/overlays/study-job/trial-job.yaml")

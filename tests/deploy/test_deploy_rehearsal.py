@@ -7,6 +7,8 @@ namespaces), a real `redis-server`, the project's vLLM stand-in where the GPU wo
 two trainers and loses, one at a time, a trainer mid-step (killed), the other trainer (its pod
 deleted, so drained), a gateway, the vLLM container, the sampler worker and Redis; its runs
 must come out bit-for-bit as on the undisturbed single-GPU overlay, with every sample answered.
+The study-job overlays run beside the single-GPU server: the study creates its trials as Jobs
+through a local stand-in for the Kubernetes API, loses its own pod, and resumes in the retry.
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("rehearsal-model"))
+
+
+@pytest.fixture(scope="module")
+def study_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with room for the SQL prompts trials send."""
+    return build_tiny_model(tmp_path_factory.mktemp("rehearsal-sql-model"),
+                            max_position_embeddings=2048)
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +116,30 @@ def test_the_split_overlay_loses_nothing_when_each_role_dies_in_turn(single_gpu,
         assert client.llen(f"ar:ops:taken:{trainer}") == 0
         assert client.llen(f"ar:ops:queue:{trainer}") == 0
     assert not client.exists("ar:ops")
+
+
+@pytest.mark.parametrize("overlay", ["study-job", "study-job-kueue"])
+def test_a_study_job_beside_the_server_resumes_after_its_pod_dies(study_model_dir,
+                                                                  overlay) -> None:
+    import duckdb
+
+    rehearsal = scenario.study_job(study_model_dir, overlay, trials=2)
+    print(rehearsal.report())
+    try:
+        journal = (rehearsal.cluster.root / "volumes" / "autoresearch-data" / "studies"
+                   / "rehearsal" / "journal.duckdb")
+        db = duckdb.connect(str(journal), read_only=True)
+        trials = dict(db.execute("SELECT id, status FROM trials").fetchall())
+        reattached = db.execute("SELECT count(*) FROM events WHERE message LIKE "
+                                "'re-attaching%'").fetchone()[0]
+        db.close()
+        assert len(trials) == 2 and set(trials.values()) <= {"kept", "discarded"}
+        assert reattached >= 1  # the retried study pod found its trials running
+        events = [text for _, text in rehearsal.cluster.events]
+        # Each trial Job ran once although the study asked twice (before and after its death).
+        for trial in trials:
+            assert sum(f"job rehearsal-{trial} finished (0)" in e for e in events) == 1
+        assert any("study pod autoresearch-study-0-r1 exited (0)" in e for e in events)
+    finally:
+        rehearsal.cluster.close()
+        shutil.rmtree(rehearsal.cluster.root, ignore_errors=True)

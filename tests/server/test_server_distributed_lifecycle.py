@@ -8,6 +8,7 @@ exercised end to end by `test_server_distributed.py`.
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,11 +17,13 @@ import pytest
 import torch
 
 from server.distributed.journal import log_entry
-from server.distributed.store import Keys, RedisFutureStore, Store, connect
+from server.distributed.sampler import SamplerWorker
+from server.distributed.store import Keys, RedisFutureStore, Store, connect, decode_result
 from server.distributed.trainer import DistributedService, control_session
 from server.engine.engine import Engine
 from server.engine.lora import LoraSpec
 from server.engine.model_loading import load_base_model
+from server.samplers.openai_http import VLLMUnavailable
 from server.service.records import Sampler
 from server.storage.checkpoints import CheckpointStore
 from tests.server.server_helpers import start_redis
@@ -131,3 +134,35 @@ def test_restored_sampling_sessions_are_read_lazily(engine, redis_url, tmp_path)
         assert any(float(b.abs().sum()) > 0 for b in adapter.b.values())
     finally:
         second.scheduler.stop()
+
+
+class _RestartingVLLM:
+    """A backend that is unreachable for its first `down` calls (vLLM restarting)."""
+
+    def __init__(self, engine: Engine, down: int):
+        self.engine, self.down, self.calls = engine, down, 0
+
+    def sample(self, jobs):
+        self.calls += 1
+        if self.calls <= self.down:
+            raise VLLMUnavailable("vLLM at http://127.0.0.1:1 unreachable: connection refused")
+        return self.engine.sample(jobs)
+
+
+def test_a_sample_waits_for_a_restarting_vllm_instead_of_failing(engine, redis_url) -> None:
+    store = Store(connect(redis_url), Keys("restart"))
+    backend = _RestartingVLLM(engine, down=2)
+    worker = SamplerWorker(store, backend, worker_id="sampler-r")
+    payload = {"request_id": "req-1", "owner": "k", "adapter": None, "prompt": [2, 10, 11],
+               "num_samples": 1, "params": {"max_tokens": 3, "temperature": 0.0, "stop": []},
+               "prompt_logprobs": False, "topk_prompt_logprobs": 0, "topk_sample_logprobs": 0}
+    store.redis.set(store.keys.sample("req-1"), json.dumps(payload))
+    store.redis.lpush(store.keys.samples, "req-1")
+    for _ in range(backend.down):
+        with pytest.raises(VLLMUnavailable):
+            worker.run_once()
+        assert store.redis.get(store.keys.result("req-1")) is None  # not answered with an error
+        assert worker.reclaim(include_own=True) == 1  # back in the queue (what `_loop` does)
+    assert worker.run_once() == 1
+    kind, _ = decode_result(store.redis.get(store.keys.result("req-1")))
+    assert kind == "proto"

@@ -74,10 +74,13 @@ class Substitutions:
         "vllm": [sys.executable, "-m", "tools.vllm_standin"],
         "redis-server": [shutil.which("redis-server") or "redis-server"],
         "python": [sys.executable],
+        "autoresearch": [str(Path(sys.executable).parent / "autoresearch")],
     })
     """Executables the images provide, as found here (vLLM: the project's stand-in)."""
     env: dict[str, str] = field(default_factory=dict)
-    """Added to every container (e.g. shorter timeouts a test wants)."""
+    """Added to every container (e.g. the local Kubernetes API's kubeconfig)."""
+    files: dict[str, dict[str, str]] = field(default_factory=dict)
+    """ConfigMap entries replaced, by ConfigMap name (prefix, as generators add a hash)."""
 
 
 def _die_with_parent() -> None:
@@ -86,12 +89,16 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def mount_namespace(writable: list[Path], read_only: list[Path]) -> list[str]:
+def mount_namespace(writable: list[Path], read_only: list[Path],
+                    tmp: Path | None = None) -> list[str]:
     """A command prefix that runs the rest in a new mount namespace where only `writable` can
-    be written: each volume bound onto itself (read-only ones remounted so), then the root."""
+    be written: each volume bound onto itself (read-only ones remounted so), the pod's /tmp
+    volume (if any) at /tmp itself, then the root read-only."""
     steps = ["set -e"]
     for path in writable:
         steps.append(f"mount --bind '{path}' '{path}'")
+    if tmp is not None:
+        steps.append(f"mount --bind '{tmp}' /tmp")
     for path in read_only:
         steps += [f"mount --bind '{path}' '{path}'", f"mount -o remount,bind,ro '{path}'"]
     steps += ["mount --bind / /", "mount -o remount,bind,ro /", 'exec "$@"']
@@ -168,6 +175,7 @@ class Container:
     read_only: list[Path]
     isolate: bool
     log_dir: Path
+    tmp: Path | None = None
     process: subprocess.Popen | None = None
     restarts: int = 0
     stopping: bool = False
@@ -178,7 +186,7 @@ class Container:
         log = open(self.log_dir / f"{self.spec.name}-{self.restarts}.log", "ab")  # noqa: SIM115
         command = self.command
         if self.isolate:
-            command = [*mount_namespace(self.writable, self.read_only), *command]
+            command = [*mount_namespace(self.writable, self.read_only, self.tmp), *command]
         self.process = subprocess.Popen(command, env=self.env, cwd=self.cwd, stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True,
                                         preexec_fn=_die_with_parent)
@@ -238,6 +246,10 @@ class LocalCluster:
         self.maps = {name: ({k: str(subs.model_dir) for k in data} if
                             name.startswith("autoresearch-model") else data)
                      for name, data in config_maps(docs).items()}
+        for name, data in self.maps.items():
+            for prefix, replaced in subs.files.items():
+                if name.startswith(prefix):
+                    data.update(replaced)
         self.services: dict[str, Service] = services(docs)
         self.pods: dict[str, Pod] = {}
         self.enforce_read_only = can_isolate()
@@ -381,7 +393,7 @@ class LocalCluster:
         env = {k: self._rewrite(v, pod, mounts) for k, v in env.items()}
         env |= {
             "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-            "PYTHONPATH": str(REPO),
+            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "datasets")]),
             "HOME": image.home if image else "/nonexistent",
             "PYTHONDONTWRITEBYTECODE": "1",
             **({"TMPDIR": str(mounts["/tmp"])} if "/tmp" in mounts else {}),
@@ -389,7 +401,7 @@ class LocalCluster:
         }
         workdir = mounts.get(image.workdir) if image else None
         return Container(spec, [*head, *args], env, workdir or log_dir, writable, read_only,
-                         self.enforce_read_only, log_dir)
+                         self.enforce_read_only, log_dir, mounts.get("/tmp"))
 
     # ---------------------------------------------------------------- pods
     def create_pod(self, workload_name: str, index: int, generation: int = 0) -> Pod:
@@ -407,12 +419,40 @@ class LocalCluster:
         log_dir.mkdir(parents=True, exist_ok=True)
         for spec in specs:
             pod.containers[spec.name] = self._container(pod, spec, log_dir)
+        self._rewrite_files(pod, specs[0])
         with self._lock:
             self.pods[name] = pod
         for container in pod.containers.values():
             container.start()
         self.event(f"pod {name} started ({', '.join(pod.containers)})")
         return pod
+
+    def _rewrite_files(self, pod: Pod, spec: ContainerSpec) -> None:
+        """Paths and addresses inside mounted config files, as the container sees them; a
+        Kubernetes manifest among them is left as written (it is for the API server)."""
+        mounts = {m.path: pod.dirs[m.volume] / m.sub_path if m.sub_path else pod.dirs[m.volume]
+                  for m in spec.mounts if m.volume in pod.dirs}
+        for name, volume in pod.workload.volumes.items():
+            if not {"configMap", "projected", "downwardAPI"} & set(volume) or name not in pod.dirs:
+                continue
+            for file in pod.dirs[name].iterdir():
+                text = file.read_text() if file.is_file() else ""
+                if text and not re.search(r"(?m)^apiVersion:", text):
+                    file.write_text(self._rewrite(text, pod, mounts))
+
+    def run_job(self, job: dict[str, Any], timeout: float = 900) -> tuple[bool, str]:
+        """A Job created through the API: its pod run here to completion."""
+        name = job["metadata"]["name"]
+        self.workloads[name] = Workload("Job", name, 1, job["spec"]["template"])
+        pod = self.create_pod(name, 0)
+        container = next(iter(pod.containers.values()))
+        try:
+            code = container.process.wait(timeout=timeout)  # type: ignore[union-attr]
+        except subprocess.TimeoutExpired:
+            container.stop(grace=10)
+            code = -1
+        self.event(f"job {name} finished ({code})")
+        return code == 0, container.log_text()
 
     def wait_started(self, pod: Pod, timeout_scale: float = 1.0) -> None:
         """Block until every container passes its startup probe (else its readiness probe)."""

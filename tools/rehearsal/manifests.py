@@ -103,7 +103,7 @@ def image_of(reference: str) -> Image | None:
     """The image a container names (after kustomize's `images:` rewrite), if this repo
     builds it."""
     name = reference.rsplit("/", 1)[-1].split(":", 1)[0].split("@", 1)[0]
-    dockerfile = IMAGE_DOCKERFILES.get(name)
+    dockerfile = IMAGE_DOCKERFILES.get(name.removeprefix("autoresearch-"))
     return read_image(DOCKER / dockerfile) if dockerfile else None
 
 

@@ -267,3 +267,69 @@ def _sampled(redis_url: str) -> dict[str, int]:
 
     stats = redis.Redis.from_url(redis_url).hgetall("ar:stats")
     return {k.decode(): int(v) for k, v in stats.items() if k.startswith(b"sampled:")}
+
+
+def tiny_study(model_dir: Path, trials: int = 2) -> dict[str, Any]:
+    """A study of `trials` one-step trials on the given model: what the study Job runs here."""
+    trial = {"base_model": str(model_dir), "tokenizer": str(model_dir), "lora_rank": 4,
+             "sft": {"steps": 1, "batch_size": 2},
+             "rl": {"steps": 2, "prompts_per_step": 2, "group_size": 2, "max_tokens": 16},
+             "eval": {"every": 0, "dev_tasks": 4, "test_tasks": 4, "max_tokens": 16},
+             "checkpoint_every": 1}
+    return {"name": "rehearsal", "output_dir": "/results/rehearsal", "seed": 3,
+            "reward_workers": 1,
+            "executor": {"kind": "kubernetes", "job_template": "/config/trial-job.yaml",
+                         "max_parallel_trials": 2},
+            "base_trial": trial,
+            "search_space": {"rl.adam.learning_rate": {"low": 1e-5, "high": 1e-3, "log": True}},
+            "budget": {"max_trials": trials, "confirm_seeds": 0}}
+
+
+def study_job(model_dir: Path, overlay: str = "study-job", trials: int = 2,
+              root: Path | None = None, say: Callable[[str], None] = print) -> Rehearsal:
+    """The single-GPU server and, beside it, the study Job (`overlay`: study-job or
+    study-job-kueue): the study creates its trials as Jobs through a local stand-in for the
+    Kubernetes API, which runs each Job's pod here. The study's pod is killed while its first
+    trials run; the Job's retry (backoffLimit 1) resumes it from its journal."""
+    import yaml
+
+    from tools.rehearsal.kube_api import FakeKube
+
+    root = root or new_root()
+    started = time.monotonic()
+    holder: dict[str, LocalCluster] = {}
+    api = FakeKube(lambda job: holder["cluster"].run_job(job), run_seconds=0.0)
+    kubeconfig = root / "kubeconfig.yaml"
+    kubeconfig.write_text(yaml.safe_dump(api.kubeconfig()))
+    subs = _substitutions(model_dir, root, {"KUBECONFIG": str(kubeconfig)})
+    subs.files = {"autoresearch-study": {
+        "study.yaml": yaml.safe_dump(tiny_study(subs.model_dir, trials))}}
+    cluster = LocalCluster(render("single-gpu") + render(overlay), root, subs, say)
+    holder["cluster"] = cluster
+    try:
+        cluster.scale_up("autoresearch-server")
+        study = cluster.create_pod("autoresearch-study", 0)
+        wait_for = time.monotonic() + 300
+        while not api.created and time.monotonic() < wait_for:
+            time.sleep(0.2)
+        if not api.created:
+            raise TimeoutError("the study created no trial Job:\n"
+                               + study.containers["study"].log_text()[-4000:])
+        cluster.kill(study.name)  # restartPolicy Never: the Job controller makes a new pod
+        retry = cluster.create_pod("autoresearch-study", 0, generation=1)
+        code = retry.containers["study"].process.wait(timeout=900)  # type: ignore[union-attr]
+        cluster.event(f"study pod {retry.name} exited ({code}); trial Jobs created: "
+                      f"{api.create_attempts}")
+        if code != 0:
+            raise RuntimeError(retry.containers["study"].log_text()[-4000:])
+        journal = root / "volumes" / "autoresearch-data" / "studies" / "rehearsal"
+        return Rehearsal(overlay, cluster, {}, time.monotonic() - started,
+                         [f"trial Jobs created: {api.created}",
+                          f"create attempts: {api.create_attempts}",
+                          f"trial Jobs deleted when done: {api.deleted}",
+                          f"journal: {journal / 'journal.duckdb'}"])
+    except BaseException:
+        cluster.close()
+        raise
+    finally:
+        api.close()

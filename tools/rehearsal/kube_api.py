@@ -1,9 +1,11 @@
-"""A fake Kubernetes API server: the few endpoints the study's Kubernetes executor uses.
+"""A stand-in for the Kubernetes API server: the few endpoints the study's Kubernetes executor
+uses.
 
 Jobs (create, get, list, delete) and Pods (list, read log) in any namespace, over real HTTP, so
 the official `kubernetes` client is exercised unchanged. A created Job "runs" on a background
-thread: after `run_seconds` a pod appears with the Job's pod-template labels, and
-`behaviour(job)` decides whether it succeeded and what its log says.
+thread: after `run_seconds`, `behaviour(job)` runs it (the unit tests answer at once; the
+rehearsal runs the Job's pod as a local process) and says whether it succeeded and what its log
+says; then a pod with the Job's pod-template labels appears, finished.
 """
 
 from __future__ import annotations
