@@ -10,6 +10,8 @@ Gemma 3 270M's and 1B's shapes for timing with no Hub access). `host_syncs` coun
 that would make a GPU wait inside a model's layer loop. `processes` starts, waits for and stops
 the child processes (servers, workers, JupyterLab) that the tests and benchmarks need, with the
 one `wait_until` polling loop. `scrape` reads a running server's Prometheus metrics over HTTP.
+`rehearsal` runs the GKE overlays here from their rendered manifests (`python -m
+tools.rehearsal split`), with `vllm_standin` answering vLLM's routes on the torch engine.
 
 May import `server` (to start one in process); only tests and benchmarks import `tools`.
 """
