@@ -89,16 +89,30 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def image_paths() -> list[Path]:
+    """What the container image holds here (this checkout and its Python): it stays visible
+    when the pod's own /tmp covers this machine's (a checkout or environment under /tmp)."""
+    found = {Path(p).resolve() for p in (REPO, sys.prefix, sys.base_prefix)}
+    return sorted(p for p in found if p.is_relative_to("/tmp"))
+
+
 def mount_namespace(writable: list[Path], read_only: list[Path],
-                    tmp: Path | None = None) -> list[str]:
+                    tmp: Path | None = None, staging: Path | None = None) -> list[str]:
     """A command prefix that runs the rest in a new mount namespace where only `writable` can
     be written: each volume bound onto itself (read-only ones remounted so), the pod's /tmp
-    volume (if any) at /tmp itself, then the root read-only."""
+    volume (if any) at /tmp itself (the image's paths under /tmp carried over through
+    `staging`, a directory outside /tmp), then the root read-only."""
     steps = ["set -e"]
     for path in writable:
         steps.append(f"mount --bind '{path}' '{path}'")
     if tmp is not None:
+        kept = image_paths() if staging is not None else []
+        for i, path in enumerate(kept):
+            steps += [f"mkdir -p '{staging}/{i}'", f"mount --bind '{path}' '{staging}/{i}'"]
         steps.append(f"mount --bind '{tmp}' /tmp")
+        for i, path in enumerate(kept):
+            steps += [f"mkdir -p '{path}'", f"mount --bind '{staging}/{i}' '{path}'",
+                      f"mount -o remount,bind,ro '{path}'"]
     for path in read_only:
         steps += [f"mount --bind '{path}' '{path}'", f"mount -o remount,bind,ro '{path}'"]
     steps += ["mount --bind / /", "mount -o remount,bind,ro /", 'exec "$@"']
@@ -186,7 +200,8 @@ class Container:
         log = open(self.log_dir / f"{self.spec.name}-{self.restarts}.log", "ab")  # noqa: SIM115
         command = self.command
         if self.isolate:
-            command = [*mount_namespace(self.writable, self.read_only, self.tmp), *command]
+            command = [*mount_namespace(self.writable, self.read_only, self.tmp,
+                                        self.log_dir / f".image-{self.spec.name}"), *command]
         self.process = subprocess.Popen(command, env=self.env, cwd=self.cwd, stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True,
                                         preexec_fn=_die_with_parent)
