@@ -5,6 +5,7 @@
     autoresearch resume DIR                     continue a stopped study where it stopped
     autoresearch report DIR [--format html]     leaderboard, best config, curves, lessons
     autoresearch trial --config trial.yaml [--server-url URL] [--out DIR]
+    autoresearch eval --database shop.duckdb --questions q.jsonl [--trial DIR] [--split dev]
 
 Without a server URL (the study's `server_url`, `--server-url` or `TINKER_BASE_URL`) trials run
 on the embedded training server in this process. API keys come from the environment
@@ -28,15 +29,16 @@ from autoresearch.rl.config import TrialConfig
 
 
 @contextlib.contextmanager
-def server_url(url: str | None, data_dir: Path) -> Iterator[str]:
-    """The given server, or an embedded one for the duration of the block."""
+def server_url(url: str | None, data_dir: Path, model: str | None = None) -> Iterator[str]:
+    """The given server, or an embedded one (serving `model`, default the packaged one) for
+    the duration of the block."""
     url = url or os.environ.get("TINKER_BASE_URL")
     if url:
         yield url
         return
     from server.entrypoints.runtime import ServerConfig, ServerThread
 
-    with ServerThread(ServerConfig(port=0, data_dir=data_dir)) as server:
+    with ServerThread(ServerConfig(model=model, port=0, data_dir=data_dir)) as server:
         yield server.url
 
 
@@ -69,6 +71,76 @@ def cmd_trial(args: argparse.Namespace) -> int:
     from autoresearch.study.executors.base import result_line
 
     print(result_line(result), flush=True)  # what a study's Kubernetes executor reads
+    return 0
+
+
+def _eval_config(args: argparse.Namespace) -> tuple[TrialConfig, str | None, Path | None]:
+    """The config that says what to score and how, the checkpoint, and where an embedded
+    server finds it: from `--trial` (its config, final checkpoint and server data), or
+    `--config`, then the command line's overrides."""
+    from autoresearch.rl.record import CONFIG_FILE, TrialRecord
+
+    checkpoint, data_dir = args.checkpoint, args.data_dir
+    if args.trial is not None:
+        config = TrialConfig.from_file(args.trial / CONFIG_FILE)
+        final = TrialRecord(args.trial).final()
+        if final is None and checkpoint is None:
+            raise SystemExit(f"{args.trial} has not finished: give --checkpoint")
+        checkpoint = checkpoint or final["checkpoint"]
+        if data_dir is None:
+            data_dir = next((d / "server-data" for d in (args.trial, args.trial.parent.parent)
+                             if (d / "server-data").is_dir()), None)
+    elif args.config is not None:
+        config = TrialConfig.from_file(args.config)
+    else:
+        config = TrialConfig()
+    data = config.model_dump(mode="json")
+    chosen = [bool(args.questions or args.database), bool(args.spider), bool(args.bird),
+              bool(args.corpus)]
+    if sum(chosen) > 1:
+        raise SystemExit("choose one of --database/--questions, --spider, --bird, --corpus")
+    if args.questions or args.database:
+        if not (args.questions and args.database):
+            raise SystemExit("a database source needs --database (one or more) and --questions")
+        data["tasks"] = {"source": "database", "path": str(args.questions),
+                         "databases": [str(d) for d in args.database]}
+    elif args.spider or args.bird:
+        data["tasks"] = {"source": "spider" if args.spider else "bird",
+                         "path": str(args.spider or args.bird), "dev_fraction": 0.1,
+                         "test_fraction": 0.0}
+    elif args.corpus:
+        data["tasks"], data["corpus"] = None, args.corpus
+    if data.get("tasks"):
+        for option, field in (("dialect", "dialect"), ("split_seed", "split_seed")):
+            if getattr(args, option) is not None:
+                data["tasks"][field] = getattr(args, option)
+    for option, dotted in (("vote", "eval.vote"), ("max_tokens", "eval.max_tokens"),
+                           ("sample_rows", "prompt.sample_rows"),
+                           ("max_schema_chars", "prompt.max_schema_chars"),
+                           ("prompt_style", "prompt_style"), ("tokenizer", "tokenizer"),
+                           ("base_model", "base_model")):
+        value = getattr(args, option)
+        if value is not None:
+            section, _, leaf = dotted.rpartition(".")
+            (data[section] if section else data)[leaf] = value
+    if args.snap:
+        data["eval"]["snap_names"] = data["eval"]["snap_values"] = True
+    return TrialConfig.model_validate(data), checkpoint, data_dir
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from autoresearch.rl.checkpoint_eval import EvalRequest, report_lines, score, write_answer
+
+    config, checkpoint, data_dir = _eval_config(args)
+    served = args.trial is None and args.config is None and args.base_model is None
+    request = EvalRequest(config, args.split, checkpoint, args.limit, served)
+    label = (checkpoint or config.base_model).rstrip("/").replace("tinker://", "")
+    out = args.out or Path("runs") / "eval" / f"{label.replace('/', '_')}-{args.split}.json"
+    model = args.model or (config.base_model if Path(config.base_model).is_dir() else None)
+    with server_url(args.server_url, data_dir or Path("runs") / "server-data", model) as url:
+        answer = score(request, url, _api_key())
+    print("\n".join(report_lines(answer, args.worst)))
+    print(f"written: {write_answer(answer, out)}")
     return 0
 
 
@@ -240,6 +312,49 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", default=None, type=Path, help="trial directory (an existing one is resumed)"
     )
     trial.set_defaults(func=cmd_trial)
+
+    scoring = sub.add_parser(
+        "eval", help="score a checkpoint (or the base model) on a task source and split",
+        description="Score a trial's final checkpoint, any tinker:// checkpoint, or the base "
+                    "model on your database and questions, Spider or BIRD, or a generated "
+                    "corpus: accuracy with its 95% interval, per tier, the executing rate and "
+                    "the worst failures; the full result is written as JSON.")
+    what = scoring.add_argument_group("what to score")
+    what.add_argument("--trial", type=Path, default=None,
+                      help="a trial directory: its config and final checkpoint")
+    what.add_argument("--checkpoint", default=None, help="a tinker:// checkpoint path")
+    what.add_argument("--config", type=Path, default=None, help="a trial config YAML")
+    tasks = scoring.add_argument_group("tasks (default: the config's)")
+    tasks.add_argument("--database", type=Path, action="append", default=[],
+                       help="a DuckDB, SQLite or .sql file (repeat for several)")
+    tasks.add_argument("--questions", type=Path, default=None,
+                       help="JSONL or CSV: question, sql, [db, tier, split, evidence]")
+    tasks.add_argument("--spider", type=Path, default=None, help="Spider's root directory")
+    tasks.add_argument("--bird", type=Path, default=None, help="BIRD's root directory")
+    tasks.add_argument("--corpus", choices=["twotable", "multitable"], default=None)
+    tasks.add_argument("--split", default="dev",
+                       choices=["train", "dev", "test", "all", "transfer"])
+    tasks.add_argument("--dialect", choices=["auto", "duckdb", "sqlite"], default=None)
+    tasks.add_argument("--split-seed", type=int, default=None)
+    tasks.add_argument("--limit", type=int, default=None, help="a seeded sample of N tasks")
+    how = scoring.add_argument_group("decoding and prompt (default: the config's)")
+    how.add_argument("--vote", type=int, default=None, help="sampled candidates beside greedy")
+    how.add_argument("--snap", action="store_true", help="snap unknown names and values")
+    how.add_argument("--max-tokens", type=int, default=None)
+    how.add_argument("--sample-rows", type=int, default=None)
+    how.add_argument("--max-schema-chars", type=int, default=None)
+    how.add_argument("--prompt-style", choices=["base", "chat"], default=None)
+    how.add_argument("--tokenizer", default=None)
+    how.add_argument("--base-model", default=None)
+    where = scoring.add_argument_group("server and output")
+    where.add_argument("--server-url", default=None)
+    where.add_argument("--model", default=None,
+                       help="the embedded server's model (default: the packaged Gemma)")
+    where.add_argument("--data-dir", type=Path, default=None,
+                       help="the embedded server's data directory (where checkpoints are)")
+    where.add_argument("--out", type=Path, default=None, help="the JSON file to write")
+    where.add_argument("--worst", type=int, default=5, help="failures printed")
+    scoring.set_defaults(func=cmd_eval)
 
     run = sub.add_parser("run", help="run a study unattended (resumes it if its journal exists)")
     run.add_argument("study", type=Path, help="study YAML")

@@ -119,6 +119,7 @@ def summarise(
             "sql": r.sql,
             "written": r.snapped_from,
             "correct": r.correct,
+            "reward": round(r.total, 4),
             "outcome": r.outcome if r.correct or r.outcome != "ok" else "wrong_result",
             "error": (r.error or "")[:300] or None,
         }
@@ -152,6 +153,7 @@ def evaluate(
     seed: int = 0,
     snap_names: bool = False,
     snap_values: bool = False,
+    keep_samples: int = 8,
 ) -> EvalResult:
     """Greedy decoding on `tasks`, scored in the sandbox; with `vote` > 0, the answer each
     question's greedy and `vote` sampled queries agree on; with `snap_names` (`snap_values`),
@@ -176,7 +178,7 @@ def evaluate(
         start += len(cs)
     picks = [choose_by_vote(results) for results in scored] if vote else [0] * len(tasks)
     result = summarise(split, tasks, [r[i] for r, i in zip(scored, picks)],
-                       [c[i] for c, i in zip(candidates, picks)])
+                       [c[i] for c, i in zip(candidates, picks)], keep_samples)
     n = max(1, len(tasks))
     if vote:
         result.decoding = {

@@ -135,8 +135,48 @@ class PromptConfig(_Strict):
     out. None: the whole schema, as before."""
 
 
+class TasksConfig(_Strict):
+    """Tasks the user brings instead of a generated corpus (`sqltasks.TaskSource`): their own
+    databases and questions, or Spider/BIRD in their published layouts. Paths are read from the
+    working directory."""
+
+    source: Literal["database", "spider", "bird"] = "database"
+    path: str = Field(min_length=1)
+    """The questions file (JSONL or CSV) of a `database` source; the benchmark's root
+    directory for `spider` and `bird`."""
+    databases: list[str] = []
+    """A `database` source's DuckDB, SQLite or SQL-script files (names: file names without
+    their suffix; a question names its database when there are several)."""
+    dialect: Literal["auto", "duckdb", "sqlite"] = "auto"
+    """The gold queries' dialect; `auto`: SQLite's on a SQLite file, else DuckDB's. SQLite
+    golds are translated to DuckDB (the failures reported)."""
+    split_seed: int = Field(0, ge=0)
+    dev_fraction: float = Field(0.2, ge=0, le=1)
+    test_fraction: float = Field(0.2, ge=0, le=1)
+    """Shares of the questions without a `split` field drawn into dev and test (for Spider and
+    BIRD, dev is drawn from the train databases; their dev set is the test split)."""
+    split_by: Literal["question", "database"] = "question"
+    max_rows: int = Field(100_000, ge=1, le=10_000_000)
+    train_on: Literal["source", "corpus"] = "source"
+    """Train on the source's train split, or on the generated `corpus` and be scored on the
+    source's dev and test splits: the transfer setting."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TasksConfig:
+        if self.source == "database" and not self.databases:
+            raise ValueError("a database source names its database files in `databases`")
+        if self.source != "database" and self.databases:
+            raise ValueError(f"a {self.source} source finds its databases under `path`")
+        share = self.dev_fraction + self.test_fraction
+        if share > 1 or (share >= 1 and self.train_on == "source"):
+            raise ValueError("dev_fraction + test_fraction must leave questions to train on "
+                             "(or add up to at most 1 with train_on: corpus)")
+        return self
+
+
 ADDED_LATER: dict[str, Any] = {
     "train_unembed": True,
+    "tasks": None,
     "reward.snap_names": False,
     "eval.snap_names": False,
     "reward.snap_values": False,
@@ -157,6 +197,9 @@ class TrialConfig(_Strict):
     corpus_seed: int = Field(0, ge=0)
     corpus: Literal["twotable", "multitable"] = "twotable"
     """The generated corpus trials train and are scored on (`sqltasks.load_corpus`)."""
+    tasks: TasksConfig | None = None
+    """The user's own tasks (a database with questions, or Spider/BIRD): trials are scored on
+    their dev and test splits, and train on their train split or on `corpus`."""
     prompt: PromptConfig = PromptConfig()
     sft: SFTConfig = SFTConfig()
     rl: RLConfig = RLConfig()

@@ -16,6 +16,7 @@ from typing import Any
 
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.record import CONFIG_FILE, TrialRecord
+from autoresearch.rl.tasks import split_tasks
 from rewards import RewardPool, Task
 from rewards.sandbox import Sandbox
 
@@ -47,11 +48,8 @@ def _run(sandbox: Sandbox, task: Task, sql: str | None) -> dict[str, Any]:
 
 
 def find_tasks(config: TrialConfig, split: str, ids: list[str]) -> dict[str, Task]:
-    from sqltasks import load_corpus
-
     wanted = set(ids)
-    return {t.id: t for t in load_corpus(split, config.corpus_seed, corpus=config.corpus)
-            if t.id in wanted}
+    return {t.id: t for t in split_tasks(config, split) if t.id in wanted}
 
 
 def inspect_samples(directory: str | Path, split: str = "dev", stage: str = "final",

@@ -33,6 +33,7 @@ from autoresearch.rl.advantages import group_advantages, is_constant, kl_estimat
 from autoresearch.rl.config import AdamConfig, TrialConfig
 from autoresearch.rl.record import TrialRecord
 from autoresearch.rl.sdk_logging import quiet_long_polls
+from autoresearch.rl.tasks import source_summary, split_tasks
 from rewards import RewardPool, ScoreResult, Task
 from sqltasks import STOP_SEQUENCES, SchemaView, load_corpus
 
@@ -204,9 +205,12 @@ class Trial:
 
     def _tasks(self) -> tuple[list[Task], list[Task], list[Task]]:
         c = self.config
-        train = load_corpus("train", c.corpus_seed, corpus=c.corpus)
-        dev_all = load_corpus("dev", c.corpus_seed, corpus=c.corpus)
-        test_all = load_corpus("test", c.corpus_seed, corpus=c.corpus)
+        train = split_tasks(c, "train")
+        dev_all = split_tasks(c, "dev")
+        test_all = split_tasks(c, "test")
+        if c.tasks is not None and not train:
+            raise ValueError(f"the task source {c.tasks.path} has no train questions left: "
+                             "add questions, or lower dev_fraction and test_fraction")
         # Fixed subsets (a function of the corpus seed only): every trial is scored on the same
         # tasks, so trials can be compared pairwise.
         dev = _rng(c.corpus_seed, "dev").sample(dev_all, k=min(c.eval.dev_tasks, len(dev_all)))
@@ -296,6 +300,10 @@ class Trial:
             ).result()
         tokenizer = self._tokenizer_for(training)
         train, dev, test = self._tasks()
+        if resume is None and c.tasks is not None:
+            loaded = source_summary(c) or {}
+            self.record.append("event", message=f"tasks from {c.tasks.path}: "
+                               f"{loaded.get('summary')}", dropped=loaded.get("problems", [])[:50])
         transfer = self._transfer() if c.eval.transfer_tasks else []
         tokens = resume.tokens if resume else 0
         if resume is None and c.eval.baseline:

@@ -36,6 +36,7 @@ from typing import Any
 
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.record import RECORD_FILE, TrialRecord
+from autoresearch.rl.tasks import data_digest
 from autoresearch.rl.trial import TrialResult
 from autoresearch.study.cache_files import (
     copy_checkpoint,
@@ -65,9 +66,13 @@ def cache_root(directory: str | None) -> Path:
 
 def trial_key(config: TrialConfig, scope: str) -> str:
     """What decides a trial's outcome, hashed: its config minus the name, where it runs, and
-    the code that runs it."""
-    blob = json.dumps({"config": {k: v for k, v in config.canonical().items() if k != "name"},
-                       "scope": scope, "version": _version()}, sort_keys=True).encode()
+    the code that runs it, and the user's task files when it reads any."""
+    key = {"config": {k: v for k, v in config.canonical().items() if k != "name"},
+           "scope": scope, "version": _version()}
+    data = data_digest(config)
+    if data is not None:
+        key["data"] = data
+    blob = json.dumps(key, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.record import TrialRecord
+from autoresearch.rl.tasks import data_digest
 from autoresearch.rl.trial import TrialResult
 from autoresearch.study.cache_files import (
     checkpoint_paths,
@@ -89,8 +90,11 @@ def continues(config: TrialConfig, prefix: TrialConfig) -> bool:
 
 
 def cache_key(config: TrialConfig, scope: str) -> str:
-    blob = json.dumps({"config": config.canonical(), "scope": scope},
-                      sort_keys=True).encode()
+    key = {"config": config.canonical(), "scope": scope}
+    data = data_digest(config)
+    if data is not None:  # the user's task files: other data, another warm-up
+        key["data"] = data
+    blob = json.dumps(key, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

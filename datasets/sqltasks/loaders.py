@@ -43,11 +43,32 @@ QUERY_TIMEOUT_S = 10.0
 
 @dataclass
 class LoadReport:
-    """How many records a loader saw and kept, and why it dropped the rest."""
+    """How many records a loader saw and kept, why it dropped the rest, and which they were."""
 
     seen: int = 0
     kept: int = 0
     dropped: Counter = field(default_factory=Counter)
+    transpiled: int = 0
+    """Kept gold queries that were rewritten from SQLite's dialect into DuckDB's."""
+    problems: list[dict[str, str]] = field(default_factory=list)
+    """One entry per dropped record: its id, database, question, reason and error."""
+
+    def drop(self, reason: str, ident: str, database: str, question: str,
+             error: str = "") -> None:
+        self.dropped[reason] += 1
+        self.problems.append({"id": ident, "database": database, "question": question,
+                              "reason": reason, "error": error[:300]})
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seen": self.seen, "kept": self.kept, "dropped": dict(self.dropped),
+                "transpiled": self.transpiled, "problems": self.problems}
+
+    def summary(self) -> str:
+        """One line a user reads: kept, dropped by reason, translated."""
+        reasons = ", ".join(f"{n} {reason}" for reason, n in self.dropped.most_common())
+        dropped = f"; dropped {self.seen - self.kept} ({reasons})" if self.dropped else ""
+        moved = f"; {self.transpiled} translated from SQLite" if self.transpiled else ""
+        return f"{self.kept} of {self.seen} questions kept{dropped}{moved}"
 
 
 def _sqlite_rows(connection: sqlite3.Connection, sql: str) -> list[tuple[Any, ...]] | None:
@@ -61,7 +82,7 @@ def _sqlite_rows(connection: sqlite3.Connection, sql: str) -> list[tuple[Any, ..
         connection.set_progress_handler(None, 0)
 
 
-def _duckdb(setup: str) -> duckdb.DuckDBPyConnection | None:
+def locked_duckdb(setup: str) -> duckdb.DuckDBPyConnection | None:
     connection = duckdb.connect(":memory:")
     try:
         connection.execute(setup)
@@ -74,7 +95,7 @@ def _duckdb(setup: str) -> duckdb.DuckDBPyConnection | None:
     return connection
 
 
-def _duckdb_rows(connection: duckdb.DuckDBPyConnection, sql: str) -> list[tuple] | None:
+def duckdb_rows(connection: duckdb.DuckDBPyConnection, sql: str) -> list[tuple] | None:
     try:
         return connection.execute(sql).fetchall()
     except duckdb.Error:
@@ -125,7 +146,7 @@ def agreeing_gold(
         return None, "does not transpile"
     reason = "fails in DuckDB"
     for candidate in candidates:
-        rows = _duckdb_rows(duck, candidate)
+        rows = duckdb_rows(duck, candidate)
         if rows is None:
             continue
         ordered = has_top_level_order_by(candidate)
@@ -153,7 +174,7 @@ class _Databases:
             if path.exists():
                 lite = open_read_only(path)
                 setup = setup_script(lite, self.max_rows)
-                duck = _duckdb(setup) if setup is not None else None
+                duck = locked_duckdb(setup) if setup is not None else None
                 entry = (lite, setup, duck, _schema_of(lite)) if duck is not None else None
             self._open[db_id] = entry
         return self._open[db_id]
@@ -172,21 +193,24 @@ def _from_sqlite_corpus(
     try:
         for index, record in enumerate(records):
             report.seen += 1
+            ident = f"{name}-{split}-{index}"
             entry = databases.get(record["db_id"])
             if entry is None:
-                report.dropped["database missing or too large"] += 1
+                report.drop("database missing or too large", ident, record["db_id"],
+                            question_of(record))
                 continue
             lite, setup, duck, schema = entry
             gold, reason = agreeing_gold(record[gold_key], lite, duck, schema)
             if gold is None:
-                report.dropped[reason] += 1
+                report.drop(reason, ident, record["db_id"], question_of(record))
                 continue
             report.kept += 1
+            report.transpiled += gold != record[gold_key]
             yield Task(
                 setup_sql=setup,
                 question=question_of(record),
                 gold_sql=gold,
-                id=f"{name}-{split}-{index}",
+                id=ident,
                 domain=record["db_id"],
                 tier=classify_tier(gold),
                 split=split,
@@ -273,7 +297,7 @@ def load_gretel(
             report.dropped["context fails"] += 1
             lite.close()
             continue
-        duck = _duckdb(setup)
+        duck = locked_duckdb(setup)
         if duck is None:
             report.dropped["context fails in DuckDB"] += 1
             lite.close()

@@ -170,6 +170,7 @@ def test_python_blocks_run_against_the_server(readme_server: str, sql_model_dir:
 def test_shell_commands_run_as_written(readme_server: str, sql_model_dir: Path, tmp_path: Path):
     env = activated_env()
     (tmp_path / "notebooks").symlink_to(REPO / "notebooks")
+    (tmp_path / "datasets").symlink_to(REPO / "datasets")
     ran = []
     for argv in commands():
         if argv[0] != "autoresearch" and argv[:2] != ["python", "-m"]:
@@ -178,8 +179,10 @@ def test_shell_commands_run_as_written(readme_server: str, sql_model_dir: Path, 
             continue  # started by the fixture
         line = shlex.join(argv).replace(README_SERVER, readme_server)
         command_env = dict(env)
-        if argv[0] == "autoresearch" and argv[1] == "trial":
+        if argv[0] == "autoresearch" and argv[1] in ("trial", "eval"):
             command_env["TINKER_BASE_URL"] = readme_server  # not the real model in-process
+        if argv[:2] == ["autoresearch", "eval"]:
+            line += f" --tokenizer {shlex.quote(str(sql_model_dir))} --max-tokens 8"
         for arg in argv:
             if arg.endswith((".yaml", ".yml")):
                 declared = yaml.safe_load((REPO / arg).read_text()) if (REPO / arg).exists() \
@@ -195,6 +198,7 @@ def test_shell_commands_run_as_written(readme_server: str, sql_model_dir: Path, 
         ran.append(argv[:2])
     assert ["autoresearch", "run"] in ran and ["autoresearch", "status"] in ran
     assert ["autoresearch", "trial"] in ran and ["autoresearch", "report"] in ran
+    assert ["autoresearch", "eval"] in ran
 
 
 def test_the_readmes_setup_step_count_is_the_makefiles():

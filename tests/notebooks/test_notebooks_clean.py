@@ -24,10 +24,11 @@ def test_stored_notebooks_carry_no_outputs():
 def test_every_notebook_has_a_small_budget_mode_and_the_template_takes_a_study():
     names = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
     assert names == ["01_quickstart.ipynb", "02_autoresearch.ipynb", "03_analysis.ipynb",
-                     "04_remote.ipynb", "05_rewards.ipynb"]
+                     "04_remote.ipynb", "05_rewards.ipynb", "06_your_database.ipynb"]
     for name in names:
         assert "small = False" in parameters(NOTEBOOKS / name)
-    for name in ("01_quickstart.ipynb", "02_autoresearch.ipynb", "03_analysis.ipynb"):
+    for name in ("01_quickstart.ipynb", "02_autoresearch.ipynb", "03_analysis.ipynb",
+                 "06_your_database.ipynb"):
         assert "model = None" in parameters(NOTEBOOKS / name)
         assert "tokenizer = None" in parameters(NOTEBOOKS / name)
     assert "study_dir =" in parameters(TEMPLATE)

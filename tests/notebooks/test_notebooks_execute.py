@@ -184,3 +184,23 @@ def test_the_quickstart_executed_twice_gives_the_same_numbers(tiny_model: Path, 
         records.append([comparable(e) for e in record.of_type("step") + record.of_type("eval")])
     assert records[0] and records[0] == records[1]
     assert texts[0] == texts[1]
+
+
+def test_your_database_notebook_scores_trains_and_writes_the_study(tiny_model: Path,
+                                                                   tmp_path: Path):
+    from autoresearch.study.spec import Study
+    from tests.sqltasks.source_fixtures import BOOKSHOP_QUESTIONS, bookshop_duckdb
+
+    database = bookshop_duckdb(tmp_path / "shop.duckdb")
+    nb = run_notebook("06_your_database.ipynb", model=str(tiny_model), tokenizer=str(tiny_model),
+                      small=True, workdir=str(tmp_path / "runs"), database=str(database),
+                      questions=str(BOOKSHOP_QUESTIONS))
+    text = "\n".join(outputs(nb))
+    assert "36 of 36 questions kept" in text and "{'train': 22, 'dev': 7, 'test': 7}" in text
+    assert re.search(r"base model: dev \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] executing", text)
+    assert re.search(r"after the trial: dev \d\.\d{3} \[", text)
+    study_file = tmp_path / "runs" / "my_database_study.yaml"
+    assert f"python -m autoresearch run {study_file}" in text
+    study = Study.from_file(study_file)
+    assert study.base_trial.tasks.databases == [str(database)]
+    assert len(list((tmp_path / "runs" / "trials").iterdir())) == 1
