@@ -292,10 +292,15 @@ def pooled_run_test(candidate: Sequence[Outcomes], incumbent: Sequence[Outcomes]
     The variance of a run's accuracy is pooled over the candidate's runs, the incumbent's and
     any `reference` groups (for instance a seed bank of the baseline: runs of one config that
     are no side of this comparison), each around its own mean; the one-sided p is Student's t
-    with that pooled variance. With no degrees of freedom there is no estimate and p is 1."""
+    with that pooled variance. With no degrees of freedom there is no estimate and p is 1.
+
+    The spread is never taken below the binomial noise of a run's answers on these tasks
+    (p(1 - p) / tasks at the runs' mean accuracy): runs that happen to score alike, or that are
+    the same bits (reproducible training on one seed), are no proof of a spread of zero, and a
+    zero spread would make any difference certain."""
     groups = [list(candidate), list(incumbent), *(list(g) for g in reference if g)]
-    shared = set.intersection(*(set(run) for group in groups for run in group))
-    tasks = sorted(shared)
+    runs = [set(run) for group in groups for run in group]
+    tasks = sorted(set.intersection(*runs)) if runs else []
     if not candidate or not incumbent or not tasks:
         return RunTest(0.0, float("nan"), 0, 1.0, (len(candidate), len(incumbent)))
     accuracies = [run_accuracies(g, tasks) for g in groups]
@@ -304,7 +309,8 @@ def pooled_run_test(candidate: Sequence[Outcomes], incumbent: Sequence[Outcomes]
     difference = float(accuracies[0].mean() - accuracies[1].mean())
     if df <= 0:
         return RunTest(difference, float("nan"), 0, 1.0, (len(candidate), len(incumbent)))
-    sd = math.sqrt(squares / df)
+    mean = float(np.mean(np.concatenate(accuracies)))
+    sd = max(math.sqrt(squares / df), math.sqrt(mean * (1 - mean) / len(tasks)))
     scale = sd * math.sqrt(1 / len(accuracies[0]) + 1 / len(accuracies[1]))
     if scale == 0:
         p = 0.0 if difference > 0 else 1.0

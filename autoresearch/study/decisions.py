@@ -65,6 +65,9 @@ class ErrorBudget:
     alpha: float = 0.05
     confirmations: int = 1
     """The most confirmations the study can run (each needs fresh candidate runs)."""
+    spent: float = 0.0
+    """Alpha already spent, by `used` confirmations decided under an earlier declaration."""
+    used: int = 0
 
     @classmethod
     def for_study(cls, alpha: float, confirm_seeds: int, max_confirm_trials: int) -> ErrorBudget:
@@ -77,9 +80,26 @@ class ErrorBudget:
 
     @property
     def per_confirmation(self) -> float:
-        return self.alpha / self.confirmations if self.confirmations else 0.0
+        if not self.used:
+            return self.alpha / self.confirmations if self.confirmations else 0.0
+        left = self.confirmations - self.used
+        return max(0.0, self.alpha - self.spent) / left if left > 0 else 0.0
+
+    def redeclared(self, first_alpha: float, spent: float, used: int) -> ErrorBudget:
+        """This declaration's budget for a study that already decided `used` confirmations,
+        spending `spent`: the study's alpha is never raised past the one it started with
+        (choosing it after seeing results would not bound anything), and only what is left of
+        it is split over the confirmations still allowed."""
+        return ErrorBudget(min(self.alpha, first_alpha), self.confirmations, spent, used)
 
     def describe(self) -> str:
+        if self.used:
+            return (f"Error budget re-declared: alpha {self.alpha:g} for the whole study, of "
+                    f"which {self.spent:.4g} was spent on {self.used} confirmation(s) already "
+                    f"decided; the {max(0.0, self.alpha - self.spent):.4g} left is split over "
+                    f"the {max(0, self.confirmations - self.used)} confirmation(s) still "
+                    f"allowed: each keeps its candidate only at one-sided p <= "
+                    f"{self.per_confirmation:.4g}.")
         if not self.confirmations:
             return (f"Error budget: alpha {self.alpha:g} for the whole study, but no confirmation "
                     "budget: no change can be kept.")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +18,7 @@ from autoresearch.evaluation.stats import (
     Estimate,
     detectable_gain,
     paired_difference,
+    paired_exact_test,
     pooled_run_test,
 )
 from autoresearch.rl.config import TrialConfig
@@ -92,7 +93,10 @@ def _changes(row: dict[str, Any]) -> str:
 
 def _mean_acc(runs: list) -> str:
     scores = [sum(r.values()) / len(r) for r in runs if r]
-    return f"{statistics.mean(scores):.3f} (mean of {len(scores)} runs)" if scores else "-"
+    if not scores:
+        return "-"
+    return (f"{statistics.mean(scores):.3f} (mean of {len(scores)} runs)" if len(scores) > 1
+            else f"{scores[0]:.3f} (1 run)")
 
 
 def _against_warmup_blocks(trials: list[dict[str, Any]],
@@ -207,8 +211,12 @@ def build(journal: Journal) -> list[Block]:
         same = baseline is not None and best["id"] == baseline["id"]
         arms = test_verdicts(trials, best["id"])
         runs_test = pooled_run_test(*arms) if arms and min(map(len, arms)) > 1 else None
-        test_gain = runs_test.interval() if runs_test is not None else _paired(
-            best, baseline, "test")
+        if runs_test is not None:
+            test_gain = runs_test.interval()
+        elif arms:  # one run on a side: the runs read, paired task by task
+            test_gain = paired_exact_test(arms[0], arms[1]).difference
+        else:
+            test_gain = _paired(best, baseline, "test")
         if unfinished_study:
             headline = (f"Best so far: {best['id']} ({_changes(best)}); no verdict on the study "
                         "until it finishes.")
@@ -217,10 +225,15 @@ def build(journal: Journal) -> list[Block]:
                         "stays the best." if same else
                         f"Best config: {best['id']} ({_changes(best)}).")
         blocks.append(Block("p", headline))
-        test_row = (["test (runs)", _mean_acc(arms[1]), _mean_acc(arms[0]),
-                     _diff(test_gain) + " over runs"] if runs_test is not None else
-                    ["test", _acc(baseline, "test"), _acc(best, "test"),
-                     "-" if same else _diff(test_gain)])
+        if runs_test is not None:
+            test_row = ["test (runs)", _mean_acc(arms[1]), _mean_acc(arms[0]),
+                        _diff(test_gain) + " over runs"]
+        elif arms:
+            test_row = ["test (runs read)", _mean_acc(arms[1]), _mean_acc(arms[0]),
+                        _diff(test_gain) + " over tasks"]
+        else:
+            test_row = ["test", _acc(baseline, "test"), _acc(best, "test"),
+                        "-" if same else _diff(test_gain)]
         rows = [["dev", _acc(baseline), _acc(best), "-" if same else _diff(dev_gain)], test_row]
         blocks.append(Block("table", headers=[
             "split", f"baseline {baseline['id'] if baseline else ''}", f"best {best['id']}",
@@ -240,11 +253,15 @@ def build(journal: Journal) -> list[Block]:
                     f"{runs_test.run_sd:.3f}, {runs_test.df} df). This check cannot tell "
                     f"apart changes smaller than about {half:.3f}.")))
             else:
-                blocks.append(Block("p", f"On the held-out test split the best config "
-                                    f"{verdict} execution accuracy relative to the baseline "
-                                    f"({_diff(test_gain)}, n={test_gain.n}; one run each, so "
-                                    "the interval holds the draws of the answers but not the "
-                                    "luck of the runs)."))
+                read = (f", read once for {len(arms[0])} run(s) of the best config (its "
+                        f"confirmation re-runs) and {len(arms[1])} of the base config and "
+                        if arms else ", ")
+                blocks.append(Block("p", f"On the held-out test split{read}paired over "
+                                    f"{test_gain.n} tasks, the best config {verdict} "
+                                    f"execution accuracy relative to the baseline "
+                                    f"({_diff(test_gain)}). With one run on a side the "
+                                    "interval holds the draws of the answers but not the "
+                                    "luck of the runs: it is narrower than the truth."))
         spec_cfg = TrialConfig.model_validate(spec["base_trial"])
         # trials of a study read dev only; shown as a standalone trial would run it
         shown = {"eval.test_tasks": spec_cfg.eval.test_tasks,
@@ -318,6 +335,11 @@ def build(journal: Journal) -> list[Block]:
 
     decisions = journal.decisions()
     rule = _keep_rule(spec)
+    budgets = [e for e in journal.events() if e["kind"] == "error budget"]
+    if budgets and (budgets[-1]["data"] or {}).get("used"):  # re-declared mid-study
+        data = budgets[-1]["data"]
+        rule = replace(rule, budget=ErrorBudget(
+            data["alpha"], data["confirmations"], data["spent"], data["used"]))
     blocks.append(Block("h2", "Decisions"))
     blocks.append(Block("p", "Keep rule: " + rule.describe()))
     if decisions:

@@ -24,6 +24,7 @@ terminal and `autoresearch status` show the same thing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -45,7 +46,7 @@ from autoresearch.study.control import (
     StudyControl,
     TrialStopped,
 )
-from autoresearch.study.decisions import keep_rule_for
+from autoresearch.study.decisions import ErrorBudget, keep_rule_for
 from autoresearch.study.environment import api_key, environment_text, fingerprint
 from autoresearch.study.executors.base import Executor, TrialJob
 from autoresearch.study.executors.local import LocalExecutor
@@ -268,6 +269,36 @@ class StudyRunner:
                             self.journal.trial(best_id) if best_id else None,
                             baseline[0] if baseline else None, report)
 
+    def _error_budget(self) -> None:
+        """Journal the error budget once; after a re-declaration, keep to what is left of the
+        first one (alpha already spent on decided confirmations is not spent again)."""
+        budgets = [e["data"] or {} for e in self.journal.events() if e["kind"] == "error budget"]
+        declared = self.rule.budget
+        if budgets:
+            latest = budgets[-1]
+            as_declared = (latest.get("declared_alpha", latest.get("alpha")),
+                           latest.get("declared_confirmations", latest.get("confirmations")))
+            if as_declared == (declared.alpha, declared.confirmations):
+                if latest.get("used"):  # the budget of an earlier re-declaration still holds
+                    self._use_budget(ErrorBudget(latest["alpha"], latest["confirmations"],
+                                                 latest["spent"], latest["used"]))
+                return
+            done = [d for d in self.journal.decisions() if d["rule"] == "confirmation"]
+            budget = declared.redeclared(float(budgets[0].get("alpha", declared.alpha)),
+                                         sum(float(d["alpha"] or 0.0) for d in done), len(done))
+        else:
+            budget = declared
+        self._use_budget(budget)
+        self.journal.event("error budget", budget.describe(), alpha=budget.alpha,
+                           confirmations=budget.confirmations,
+                           per_confirmation=budget.per_confirmation, spent=budget.spent,
+                           used=budget.used, declared_alpha=declared.alpha,
+                           declared_confirmations=declared.confirmations)
+
+    def _use_budget(self, budget: ErrorBudget) -> None:
+        self.rule = dataclasses.replace(self.rule, budget=budget)
+        self.keeping.rule = self.rule
+
     def _init_journal(self) -> None:
         spec = self.study.model_dump(mode="json")
         last_activity = self.journal.last_activity()  # before this run writes anything
@@ -275,11 +306,7 @@ class StudyRunner:
         if row["spec"] != spec:
             self.journal.set_study(spec=spec)
             self.journal.event("study", "the declaration changed on resume; the new one applies")
-        if not any(e["kind"] == "error budget" for e in self.journal.events()):
-            budget = self.rule.budget
-            self.journal.event("error budget", budget.describe(), alpha=budget.alpha,
-                               confirmations=budget.confirmations,
-                               per_confirmation=budget.per_confirmation)
+        self._error_budget()
         resumed = self.journal.trials()
         if resumed:
             # The time the study was down does not count against its wall-clock budget.

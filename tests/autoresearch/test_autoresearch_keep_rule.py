@@ -167,3 +167,46 @@ def test_trials_read_dev_only_and_the_study_reads_test_once_for_best_and_baselin
     # A resumed (already finished) study does not read the test split again.
     run_study(study, tmp_path, executor=executor)
     assert len([c for c in executor.calls if c.endswith("-test")]) == len(tested)
+
+
+def test_with_one_confirmation_run_a_kept_configs_test_check_still_shows(tmp_path: Path):
+    study = Study(name="one-seed", search_space={"rl.adam.learning_rate": {
+        "choices": [5e-5, 2e-4]}},
+        budget={"max_trials": 2, "confirm_seeds": 1, "max_confirm_trials": 2})
+
+    def quality(config: TrialConfig) -> float:
+        return 0.7 if config.rl.adam.learning_rate == 2e-4 else 0.3
+
+    outcome = run_study(study, tmp_path, executor=SyntheticExecutor(quality, tasks=96))
+    assert outcome.best["role"] == "explore"  # kept
+    report = outcome.report.read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| test"))
+    assert "test (runs read)" in row and " over tasks" in row and "| - |" not in row
+    assert "read once for 1 run(s) of the best config" in report
+    assert "improves execution accuracy" in report
+
+
+def test_a_redeclared_budget_spends_only_what_is_left_of_the_first(tmp_path: Path):
+    space = {"rl.adam.learning_rate": {"choices": [5e-5, 2e-4, 1e-4, 3e-4]}}
+    first = Study(name="redeclared", search_space=space,
+                  budget={"max_trials": 2, "confirm_seeds": 1, "max_confirm_trials": 2})
+
+    def quality(config: TrialConfig) -> float:
+        return 0.3 if config.rl.adam.learning_rate == 5e-5 else 0.7
+
+    executor = SyntheticExecutor(quality, tasks=96)
+    run_study(first, tmp_path, executor=executor)
+    journal = Journal(tmp_path, read_only=True)
+    [spent] = [d for d in journal.decisions() if d["rule"] == "confirmation"]
+    assert spent["alpha"] == 0.05  # the whole budget went to the one confirmation allowed
+    # Raising alpha and the confirmation budget afterwards buys no new error budget.
+    raised = first.model_copy(update={"budget": first.budget.model_copy(update={
+        "max_trials": 4, "max_confirm_trials": 6, "alpha": 0.2})})
+    run_study(raised, tmp_path, executor=executor)
+    journal = Journal(tmp_path, read_only=True)
+    budget = [e for e in journal.events() if e["kind"] == "error budget"][-1]["data"]
+    assert budget["alpha"] == 0.05 and budget["used"] == 1 and budget["spent"] == 0.05
+    assert budget["per_confirmation"] == 0.0
+    later = [d for d in journal.decisions() if d["rule"] == "confirmation"][1:]
+    assert all(d["verdict"] == "discarded" for d in later)
+    assert "Error budget re-declared" in (tmp_path / "report.md").read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -154,3 +155,23 @@ def test_the_paired_t_interval_matches_scipy_and_a_one_run_look_keeps_newcombe()
     assert quick.p_value == slow.p_value and quick.difference.value == slow.difference.value
     assert quick.difference.low == pytest.approx(paired_t(
         [float(one[t]) - (2 * other[t] + one[t]) / 3 for t in tasks]).low)
+
+
+def _runs(accuracies: list[float], tasks: int = 40) -> list[dict[str, bool]]:
+    """Runs whose first `round(a * tasks)` tasks are right."""
+    return [{f"t{i:02d}": i < round(a * tasks) for i in range(tasks)} for a in accuracies]
+
+
+def test_the_run_level_test_holds_without_runs_and_without_spread():
+    from autoresearch.evaluation.stats import pooled_run_test
+
+    empty = pooled_run_test([], [])
+    assert empty.p_value == 1.0 and empty.df == 0
+    # two identical runs a side (reproducible training on one seed, or plain coincidence):
+    # no proof of zero spread, so a 10-point gap on 40 tasks is not certain
+    alike = pooled_run_test(_runs([0.6, 0.6]), _runs([0.5, 0.5]))
+    assert alike.df == 2 and alike.run_sd > 0 and alike.p_value > 0.05
+    assert math.isclose(alike.run_sd, math.sqrt(0.55 * 0.45 / 40))
+    # a gap far beyond a run's answer noise still shows
+    clear = pooled_run_test(_runs([0.8, 0.825, 0.775]), _runs([0.5, 0.525, 0.475]))
+    assert clear.p_value < 0.01
