@@ -22,13 +22,16 @@ The world is simulated as real dev scores behave:
   luck causes, in accuracy points (s is solved for each); 0 is no run luck at all.
 - quality_c: 0 for the baseline and the null candidates; for the planted candidate, the shift
   whose expected dev accuracy gain (over tasks, interactions and seeds) is the effect.
+- `--noisy-candidates R` gives every candidate R times the baseline's run luck (a learning rate
+  that sometimes wrecks a run), its shift solved so that its expected accuracy is still the
+  baseline's (null) or the effect above it: what pooling the spread over configs assumes away.
 
 Reported per run-to-run SD, dev size and planted effect: the false-keep rate per study (no
 candidate better; target <= alpha = 5%) and the power (the planted candidate ends as the
 study's best).
 
     python bench/bench_keep_rule.py [--studies 400] [--candidates 6] [--base 0.15]
-        [--run-sds 0 2 3 4] [--sizes 48 96 200] [--effects 0 0.05 0.10]
+        [--run-sds 0 2 3 4] [--sizes 48 96 200] [--effects 0 0.05 0.10] [--noisy-candidates 3]
 """
 
 from __future__ import annotations
@@ -94,8 +97,11 @@ class World:
     """One study's dev tasks, configs and the runs drawn so far (cached per config and seed)."""
 
     def __init__(self, rng: np.random.Generator, tasks: int, mu: float, qualities: list[float],
-                 seed_sd: float = SIGMA_SEED):
-        self.rng, self.seed_sd = rng, seed_sd
+                 seed_sd: float = SIGMA_SEED, candidate_sd: float | None = None):
+        self.rng = rng
+        # The baseline's run luck, and the candidates' (a noisier config: `--noisy-candidates`)
+        self.seed_sds = [seed_sd] + [seed_sd if candidate_sd is None else candidate_sd
+                                     for _ in qualities[1:]]
         self.ids = [f"dev-{i:03d}" for i in range(tasks)]
         self.difficulty = rng.normal(mu, SIGMA_TASK, tasks)
         # The baseline's own interaction is folded into difficulty; candidates get theirs.
@@ -106,7 +112,7 @@ class World:
     def run(self, config: int, seed: int) -> dict[str, bool]:
         key = (config, seed)
         if key not in self.runs:
-            p = sigmoid(self.logits[config] + self.rng.normal(0, self.seed_sd))
+            p = sigmoid(self.logits[config] + self.rng.normal(0, self.seed_sds[config]))
             right = self.rng.random(len(self.ids)) < p
             self.runs[key] = dict(zip(self.ids, right.tolist()))
         return self.runs[key]
@@ -199,21 +205,28 @@ RULES = (("old", old_study), ("tasks", task_level_study), ("new", new_study))
 
 
 def simulate(tasks: int, effect: float, studies: int, candidates: int, base: float,
-             study: Study, seed: int, run_points: float) -> dict[str, float]:
+             study: Study, seed: int, run_points: float, noisier: float = 1.0
+             ) -> dict[str, float]:
     rng = np.random.default_rng(seed)
     mu = _solve(base, lambda m: _mean_accuracy(m, 0.0, 0.0))
     seed_sd = seed_sd_for(run_points, mu)
-    planted_shift = (_solve(base + effect, lambda s: _mean_accuracy(mu, s, seed_sd))
-                     if effect else 0.0)
+    candidate_sd = seed_sd_for(run_points * noisier, mu)
+    # Candidates' shifts are solved with their own run luck, so that a null candidate's expected
+    # accuracy is the baseline's whatever its spread, and the planted one's is `effect` above.
+    null_shift = 0.0 if noisier == 1.0 else _solve(
+        _mean_accuracy(mu, 0.0, seed_sd), lambda s: _mean_accuracy(mu, s, candidate_sd))
+    planted_shift = (_solve(base + effect, lambda s: _mean_accuracy(mu, s, candidate_sd))
+                     if effect else null_shift)
     outcome = dict.fromkeys((name for name, _ in RULES), 0)
     for _ in range(studies):
         planted = int(rng.integers(1, candidates + 1)) if effect else 0
-        qualities = [0.0] + [planted_shift if c == planted else 0.0
+        qualities = [0.0] + [planted_shift if c == planted else null_shift
                              for c in range(1, candidates + 1)]
         state = rng.bit_generator.state
         for name, decide in RULES:
             rng.bit_generator.state = state  # every rule sees the same tasks, configs and runs
-            best = decide(World(rng, tasks, mu, qualities, seed_sd), candidates, study)
+            world = World(rng, tasks, mu, qualities, seed_sd, candidate_sd)
+            best = decide(world, candidates, study)
             outcome[name] += best != 0 if not effect else best == planted
     return {name: hits / studies for name, hits in outcome.items()}
 
@@ -230,6 +243,9 @@ def main() -> None:
     parser.add_argument("--confirm-seeds", type=int, default=2)
     parser.add_argument("--max-confirm-trials", type=int, default=8)
     parser.add_argument("--seed-bank", type=int, default=3)
+    parser.add_argument("--noisy-candidates", type=float, default=1.0,
+                        help="every candidate's run-to-run SD as a multiple of the baseline's "
+                             "(its expected accuracy unchanged): the pooled spread's blind spot")
     args = parser.parse_args()
     study = Study(name="bench", budget={"max_trials": args.candidates + 1,
                                         "confirm_seeds": args.confirm_seeds,
@@ -239,7 +255,8 @@ def main() -> None:
     print("command: python bench/bench_keep_rule.py " + " ".join(sys.argv[1:]))
     print(f"{args.studies} simulated studies per cell; baseline + {args.candidates} candidates; "
           f"base dev accuracy {args.base}; confirm_seeds={args.confirm_seeds}, "
-          f"max_confirm_trials={args.max_confirm_trials}, seed_bank={args.seed_bank}")
+          f"max_confirm_trials={args.max_confirm_trials}, seed_bank={args.seed_bank}; "
+          f"candidates' run SD {args.noisy_candidates:g}x the baseline's")
     print(rule.budget.describe())
     se = math.sqrt(0.05 * 0.95 / args.studies)
     print(f"(a rate of 5% is measured to +-{1.96 * se:.1%} at this many studies)\n")
@@ -250,7 +267,8 @@ def main() -> None:
         for tasks in args.sizes:
             for k, effect in enumerate(args.effects):
                 r = simulate(tasks, effect, args.studies, args.candidates, args.base, study,
-                             seed=1000 * tasks + k, run_points=run_points)
+                             seed=1000 * tasks + k, run_points=run_points,
+                             noisier=args.noisy_candidates)
                 what = "false keeps per study" if not effect else "power (planted kept)"
                 ratio = f"{r['new'] / r['tasks']:.2f}" if r["tasks"] else "-"
                 print(f"| {run_points:g} pts | {tasks} | "

@@ -145,3 +145,17 @@ def test_real_runs_of_a_large_change_are_kept_and_runs_of_the_same_config_are_no
     same = sum(bench.new_study(bench.ArmsWorld(np.random.default_rng(k), base, base[::-1], 1), 2,
                                study) != 0 for k in range(20))
     assert same <= 2
+
+
+def test_noisier_candidates_keep_the_baselines_expected_accuracy_and_their_own_spread():
+    bench = _bench()
+    mu = bench._solve(0.2, lambda m: bench._mean_accuracy(m, 0.0, 0.0))
+    base_sd, noisy_sd = bench.seed_sd_for(3.0, mu), bench.seed_sd_for(9.0, mu)
+    shift = bench._solve(bench._mean_accuracy(mu, 0.0, base_sd),
+                         lambda s: bench._mean_accuracy(mu, s, noisy_sd))
+    assert abs(bench._mean_accuracy(mu, shift, noisy_sd)
+               - bench._mean_accuracy(mu, 0.0, base_sd)) < 1e-3
+    world = bench.World(np.random.default_rng(0), 400, mu, [0.0, shift], base_sd, noisy_sd)
+    spread = [np.std([np.mean(list(world.run(c, s).values())) for s in range(60)])
+              for c in (0, 1)]
+    assert 2.0 < spread[1] / spread[0] < 4.5  # about 3x the run-to-run spread
