@@ -319,6 +319,25 @@ def pooled_run_test(candidate: Sequence[Outcomes], incumbent: Sequence[Outcomes]
     return RunTest(difference, sd, df, p, (len(candidate), len(incumbent)))
 
 
+def run_mean(runs: Sequence[Outcomes], alpha: float = 0.05) -> Estimate:
+    """One config's accuracy with runs as the unit: the mean of its runs' accuracies on the
+    tasks they share, with a Student t interval over runs (the spread floored at a run's
+    binomial answer noise, as in `pooled_run_test`); one run gives its Wilson interval over
+    tasks, which leaves the run's own luck out."""
+    runs = [run for run in runs if run]
+    if not runs:
+        return Estimate(0.0, 0.0, 1.0, 0)
+    tasks = sorted(set.intersection(*(set(run) for run in runs)))
+    if len(runs) == 1 or not tasks:
+        run = runs[0]
+        return wilson(sum(bool(v) for v in run.values()), len(run))
+    accuracies = run_accuracies(runs, tasks)
+    mean = float(accuracies.mean())
+    sd = max(float(accuracies.std(ddof=1)), math.sqrt(mean * (1 - mean) / len(tasks)))
+    half = float(student_t.ppf(1 - alpha / 2, len(runs) - 1)) * sd / math.sqrt(len(runs))
+    return Estimate(mean, max(0.0, mean - half), min(1.0, mean + half), len(runs))
+
+
 def detectable_gain(run_sd: float, df: int, seeds: int, alpha: float,
                     power: float = 0.8) -> float | None:
     """The smallest true gain a run-level comparison of `seeds` runs a side finds with

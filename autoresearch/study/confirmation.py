@@ -308,6 +308,26 @@ def test_arms(trials: Sequence[Trial], best_id: str) -> tuple[list[Trial], list[
     return kept, base
 
 
+def dev_arms(trials: Sequence[Trial], best_id: str) -> tuple[list[Verdicts], list[Verdicts]]:
+    """Dev verdicts of the runs that say how good each config is, none of them a run a look
+    selected: the best config's confirmation re-runs (empty when the best is the baseline),
+    and the base config's runs (the baseline, its seed bank and its re-runs)."""
+    best = next(t for t in trials if t["id"] == best_id)
+    baseline = next((t for t in trials if t["role"] == "baseline"), None)
+
+    def scored(t: Trial) -> bool:
+        return t["status"] in FINISHED and bool((t.get("dev") or {}).get("verdicts"))
+
+    base = [] if baseline is None else [
+        t["dev"]["verdicts"] for t in config_runs(
+            trials, baseline["config_key"], ("baseline", "bank", "confirm"), scored)]
+    if baseline is not None and best_id == baseline["id"]:
+        return [], base
+    kept = [t["dev"]["verdicts"] for t in config_runs(trials, best["config_key"], ("confirm",),
+                                                       scored)]
+    return kept, base
+
+
 def test_verdicts(trials: Sequence[Trial], best_id: str
                   ) -> tuple[list[Verdicts], list[Verdicts]] | None:
     """Test verdicts of the runs read for each arm (`test_arms`): the best config's and the base

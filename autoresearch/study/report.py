@@ -20,10 +20,11 @@ from autoresearch.evaluation.stats import (
     paired_difference,
     paired_exact_test,
     pooled_run_test,
+    run_mean,
 )
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.progress import describe, where
-from autoresearch.study.confirmation import against_warmup, test_verdicts, warmup_of
+from autoresearch.study.confirmation import against_warmup, dev_arms, test_verdicts, warmup_of
 from autoresearch.study.decision_text import decision_text
 from autoresearch.study.decisions import ErrorBudget, KeepRule, paired_items
 from autoresearch.study.journal import Journal
@@ -62,6 +63,35 @@ def _paired(a: dict[str, Any] | None, b: dict[str, Any] | None, split: str) -> E
         return None
     x, y = paired_items(a[split]["verdicts"], b[split]["verdicts"])
     return paired_difference(x, y) if x else None
+
+
+def _runs_cell(runs: list) -> str:
+    est = run_mean(runs)
+    what = f"mean of {len(runs)} runs" if len(runs) > 1 else "1 run"
+    return f"{est.value:.3f} [{est.low:.3f}, {est.high:.3f}] ({what})"
+
+
+def _dev_rows(trials: list[dict[str, Any]], best: dict[str, Any],
+              baseline: dict[str, Any] | None, same: bool,
+              first_look: Estimate | None) -> list[list[str]]:
+    """Dev with runs as the unit: each config's runs that no look selected (the best config's
+    confirmation re-runs, the base config's runs), then the look that selected the best, which
+    is biased upward and labelled so."""
+    kept, base = dev_arms(trials, best["id"])
+    if not base:
+        return [["dev", _acc(baseline), _acc(best), "-" if same else _diff(first_look)]]
+    if same:
+        return [["dev (runs)", _runs_cell(base), _runs_cell(base), "-"]]
+    rows = []
+    if kept:
+        runs = pooled_run_test(kept, base)
+        gain, over = ((runs.interval(), "over runs") if runs.df > 0 else
+                      (paired_exact_test(kept, base).difference, "over tasks"))
+        rows.append(["dev (runs no look selected)", _runs_cell(base), _runs_cell(kept),
+                     f"{_diff(gain)} {over}"])
+    rows.append(["dev, the look that selected it (biased up)", _acc(baseline), _acc(best),
+                 _diff(first_look)])
+    return rows
 
 
 def _keep_rule(spec: dict[str, Any]) -> KeepRule:
@@ -122,6 +152,7 @@ def _against_warmup_blocks(trials: list[dict[str, Any]],
                f"{len(worse)} of {len(rows)} trials ({', '.join(worse)}). " if worse else "")
     if better:
         summary += f"RL beat the warm-up beyond noise in {', '.join(better)}. "
+    summary = _base_runs_against_warmup(trials) + summary
     if best is not None and best["id"] in worse:
         summary += ("The best config is worse than stopping after the warm-up: this study's "
                     "RL did not pay for itself.")
@@ -129,10 +160,39 @@ def _against_warmup_blocks(trials: list[dict[str, Any]],
         summary += ("The best config is not better than the warm-up beyond noise: RL's gain, "
                     "if any, is not shown.")
     return [Block("h2", "Against the warm-up"), Block("p", (
-        "Each trial's dev score minus that of the warm-up checkpoint it started from, paired "
-        "per task, 95% CI. " + summary).strip()),
+        "Below, each trial's dev score minus that of the warm-up checkpoint it started from, "
+        "paired per task, 95% CI: one run each, so a row leaves that run's luck out. "
+        + summary).strip()),
         Block("table", headers=["trial", "status", "dev accuracy", "started from", "vs warm-up",
                                 "reading"], rows=rows)]
+
+
+def _base_runs_against_warmup(trials: list[dict[str, Any]]) -> str:
+    """The base config's runs (baseline, seed bank, re-runs) against the warm-up they forked
+    from, with runs as the unit: the sentence to quote about whether RL beat the warm-up."""
+    baseline = next((t for t in trials if t["role"] == "baseline"), None)
+    warmup = warmup_of(baseline, trials) if baseline is not None else None
+    start = ((warmup or {}).get("dev") or {}).get("verdicts")
+    if not start:
+        return ""
+    runs = [{k: v for k, v in t["dev"]["verdicts"].items() if k in start}
+            for t in trials if t["config_key"] == baseline["config_key"]
+            and t["role"] in ("baseline", "bank", "confirm") and t["status"] in FINISHED
+            and (t.get("dev") or {}).get("verdicts")]
+    runs = [r for r in runs if r]
+    if not runs:
+        return ""
+    tasks = sorted(set.intersection(*(set(r) for r in runs)))
+    base = sum(bool(start[k]) for k in tasks) / len(tasks)
+    est = run_mean([{k: r[k] for k in tasks} for r in runs])
+    gain = Estimate(est.value - base, est.low - base, est.high - base, est.n)
+    word = ("beat" if gain.low > 0 else "fell below" if gain.high < 0 else
+            "did not differ beyond noise from")
+    over = (f"a 95% t-interval over its {len(runs)} runs, each run's luck included"
+            if len(runs) > 1 else "one run: its luck is not included")
+    return (f"With runs as the unit, the base config's RL {word} the warm-up ({warmup['id']}): "
+            f"mean dev accuracy {est.value:.3f} over {len(runs)} run(s) against {base:.3f}, a "
+            f"difference of {_diff(gain)} ({over}). ")
 
 
 def _seed_bank_blocks(trials: list[dict[str, Any]], budget: dict[str, Any]) -> list[Block]:
@@ -234,10 +294,10 @@ def build(journal: Journal) -> list[Block]:
         else:
             test_row = ["test", _acc(baseline, "test"), _acc(best, "test"),
                         "-" if same else _diff(test_gain)]
-        rows = [["dev", _acc(baseline), _acc(best), "-" if same else _diff(dev_gain)], test_row]
+        rows = [*_dev_rows(trials, best, baseline, same, dev_gain), test_row]
         blocks.append(Block("table", headers=[
-            "split", f"baseline {baseline['id'] if baseline else ''}", f"best {best['id']}",
-            "best - baseline (paired, 95% CI)"], rows=rows))
+            "split", f"base config (baseline {baseline['id'] if baseline else '-'})",
+            f"best config ({best['id']})", "best - base (95% CI)"], rows=rows))
         if not same and test_gain is not None and not unfinished_study:
             verdict = ("improves" if test_gain.low > 0 else "hurts" if test_gain.high < 0
                        else "does not measurably change")

@@ -118,6 +118,9 @@ def test_a_study_of_seed_noise_keeps_only_the_baseline_and_says_why(tmp_path: Pa
     assert len(budget_events) == 1 and "0.01667" in budget_events[0]["message"]
     report = outcome.report.read_text()
     assert "Keep rule:" in report and "Error budget: alpha 0.05" in report
+    dev = next(line for line in report.splitlines() if line.startswith("| dev (runs)"))
+    base_runs = len([t for t in trials if t["config_key"] == outcome.baseline["config_key"]])
+    assert f"(mean of {base_runs} runs)" in dev  # the base config's runs, not its one run
 
 
 def test_a_clearly_better_config_is_kept_after_confirmation(tmp_path: Path):
@@ -184,6 +187,12 @@ def test_with_one_confirmation_run_a_kept_configs_test_check_still_shows(tmp_pat
     assert "test (runs read)" in row and " over tasks" in row and "| - |" not in row
     assert "read once for 1 run(s) of the best config" in report
     assert "improves execution accuracy" in report
+    # dev with runs as the unit: the best config's confirmation run and the base config's
+    # runs; the look that selected the best shown apart, labelled as biased
+    unselected = next(line for line in report.splitlines()
+                      if line.startswith("| dev (runs no look selected)"))
+    assert "(mean of 4 runs)" in unselected and "(1 run)" in unselected
+    assert "| dev, the look that selected it (biased up) |" in report
 
 
 def test_a_redeclared_budget_spends_only_what_is_left_of_the_first(tmp_path: Path):

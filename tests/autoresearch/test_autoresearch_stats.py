@@ -175,3 +175,15 @@ def test_the_run_level_test_holds_without_runs_and_without_spread():
     # a gap far beyond a run's answer noise still shows
     clear = pooled_run_test(_runs([0.8, 0.825, 0.775]), _runs([0.5, 0.525, 0.475]))
     assert clear.p_value < 0.01
+
+
+def test_a_configs_accuracy_over_runs_holds_each_runs_luck():
+    from autoresearch.evaluation.stats import run_mean, wilson
+
+    runs = _runs([0.5, 0.6, 0.7])
+    est = run_mean(runs)
+    assert math.isclose(est.value, 0.6) and est.n == 3
+    half = 4.302652729911275 * 0.1 / math.sqrt(3)  # t(0.975, 2) * sd / sqrt(runs)
+    assert math.isclose(est.high - est.value, half, rel_tol=1e-9)
+    assert run_mean(_runs([0.5])) == wilson(20, 40)  # one run: over tasks only
+    assert run_mean([]).n == 0

@@ -3,6 +3,7 @@ reused by a second study through the cache, resumed after a kill, a failure repo
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import duckdb
@@ -188,3 +189,7 @@ def test_every_trial_is_compared_with_the_warmup_and_the_report_says_when_rl_mad
     assert "## Against the warm-up" in report
     assert f"worse than the warm-up it started from, beyond noise, in {len(decided)} of" in report
     assert "The best config is worse than stopping after the warm-up" in report
+    # the sentence to quote takes runs as the unit: the base config's runs, the warm-up's score
+    assert re.search(r"With runs as the unit, the base config's RL fell below the warm-up "
+                     r"\(warmup\): mean dev accuracy 0\.\d{3} over \d+ run\(s\) against 0\.\d{3}",
+                     report)
