@@ -328,6 +328,14 @@ def dev_arms(trials: Sequence[Trial], best_id: str) -> tuple[list[Verdicts], lis
     return kept, base
 
 
+def test_warmup(trials: Sequence[Trial]) -> list[Trial]:
+    """The warm-up the base config forked from, when it has a checkpoint: read with the test
+    arms, so that RL against the warm-up is measured on test as well as on dev."""
+    baseline = next((t for t in trials if t["role"] == "baseline"), None)
+    warmup = warmup_of(baseline, list(trials)) if baseline is not None else None
+    return [warmup] if warmup is not None and warmup.get("checkpoint") else []
+
+
 def test_verdicts(trials: Sequence[Trial], best_id: str
                   ) -> tuple[list[Verdicts], list[Verdicts]] | None:
     """Test verdicts of the runs read for each arm (`test_arms`): the best config's and the base

@@ -11,7 +11,7 @@ from pathlib import Path
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.record import TrialRecord
 from autoresearch.rl.trial import TrialResult
-from autoresearch.study.confirmation import test_arms
+from autoresearch.study.confirmation import test_arms, test_warmup
 from autoresearch.study.executors.base import TrialJob
 from autoresearch.study.journal import Journal
 from autoresearch.study.spec import Study
@@ -22,8 +22,9 @@ RunJob = Callable[[TrialJob], TrialResult]
 
 def read_test_once(study: Study, journal: Journal, directory: Path, run: RunJob,
                    say: Callable[[str, str], None]) -> None:
-    """Read the test split once, for the kept config's fresh re-runs and the base config's
-    runs; `say(key, message)` tells the user, once, why a resume reads nothing new."""
+    """Read the test split once, for the kept config's fresh re-runs, the base config's runs
+    and the warm-up they forked from (so that whether RL beat it is measured on test too);
+    `say(key, message)` tells the user, once, why a resume reads nothing new."""
     tasks = study.base_trial.eval.test_tasks
     best_id = journal.study()["best_trial"]
     if not tasks or best_id is None:
@@ -38,8 +39,9 @@ def read_test_once(study: Study, journal: Journal, directory: Path, run: RunJob,
                 f"again for {best_id}")
         contenders = [journal.trial(i) for i in ids]
     else:
-        kept, base = test_arms(journal.trials(), best_id)
-        contenders = kept + base
+        trials = journal.trials()
+        kept, base = test_arms(trials, best_id)
+        contenders = kept + base + test_warmup(trials)
         journal.event("test plan", "the test split is read once, for "
                       + ", ".join(c["id"] for c in contenders),
                       trials=[c["id"] for c in contenders])

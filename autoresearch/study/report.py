@@ -167,18 +167,18 @@ def _against_warmup_blocks(trials: list[dict[str, Any]],
                                 "reading"], rows=rows)]
 
 
-def _base_runs_against_warmup(trials: list[dict[str, Any]]) -> str:
+def _base_runs_against_warmup(trials: list[dict[str, Any]], split: str = "dev") -> str:
     """The base config's runs (baseline, seed bank, re-runs) against the warm-up they forked
     from, with runs as the unit: the sentence to quote about whether RL beat the warm-up."""
     baseline = next((t for t in trials if t["role"] == "baseline"), None)
     warmup = warmup_of(baseline, trials) if baseline is not None else None
-    start = ((warmup or {}).get("dev") or {}).get("verdicts")
+    start = ((warmup or {}).get(split) or {}).get("verdicts")
     if not start:
         return ""
-    runs = [{k: v for k, v in t["dev"]["verdicts"].items() if k in start}
+    runs = [{k: v for k, v in t[split]["verdicts"].items() if k in start}
             for t in trials if t["config_key"] == baseline["config_key"]
             and t["role"] in ("baseline", "bank", "confirm") and t["status"] in FINISHED
-            and (t.get("dev") or {}).get("verdicts")]
+            and (t.get(split) or {}).get("verdicts")]
     runs = [r for r in runs if r]
     if not runs:
         return ""
@@ -191,8 +191,8 @@ def _base_runs_against_warmup(trials: list[dict[str, Any]]) -> str:
     over = (f"a 95% t-interval over its {len(runs)} runs, each run's luck included"
             if len(runs) > 1 else "one run: its luck is not included")
     return (f"With runs as the unit, the base config's RL {word} the warm-up ({warmup['id']}): "
-            f"mean dev accuracy {est.value:.3f} over {len(runs)} run(s) against {base:.3f}, a "
-            f"difference of {_diff(gain)} ({over}). ")
+            f"mean {split} accuracy {est.value:.3f} over {len(runs)} run(s) against {base:.3f}, "
+            f"a difference of {_diff(gain)} ({over}). ")
 
 
 def _seed_bank_blocks(trials: list[dict[str, Any]], budget: dict[str, Any]) -> list[Block]:
@@ -322,6 +322,10 @@ def build(journal: Journal) -> list[Block]:
                                     f"({_diff(test_gain)}). With one run on a side the "
                                     "interval holds the draws of the answers but not the "
                                     "luck of the runs: it is narrower than the truth."))
+        on_test = _base_runs_against_warmup(trials, "test")
+        if on_test and not unfinished_study:
+            blocks.append(Block("p", "On the test split, read once with the warm-up beside "
+                                "them: " + on_test.strip()))
         spec_cfg = TrialConfig.model_validate(spec["base_trial"])
         # trials of a study read dev only; shown as a standalone trial would run it
         shown = {"eval.test_tasks": spec_cfg.eval.test_tasks,

@@ -193,3 +193,9 @@ def test_every_trial_is_compared_with_the_warmup_and_the_report_says_when_rl_mad
     assert re.search(r"With runs as the unit, the base config's RL fell below the warm-up "
                      r"\(warmup\): mean dev accuracy 0\.\d{3} over \d+ run\(s\) against 0\.\d{3}",
                      report)
+    # the warm-up is read with the test check, so the same comparison is made on test
+    warmup = journal.trial("warmup")
+    assert warmup["test"] and warmup["test_accuracy"] is not None
+    assert re.search(r"On the test split, read once with the warm-up beside them: With runs "
+                     r"as the unit, the base config's RL .* the warm-up \(warmup\): mean test "
+                     r"accuracy", report)
