@@ -40,6 +40,7 @@ from typing import Literal, Protocol
 from autoresearch.evaluation.stats import (
     PairedTest,
     RunTest,
+    detectable_gain,
     paired_exact_test,
     pooled_run_test,
 )
@@ -165,6 +166,34 @@ class KeepRule:
             "are 95%: Newcombe's score interval for one seed, a bootstrap over tasks for "
             "several. The test split is read once, for the final best against the base config."
         )
+
+
+ASSUMED_RUN_SD = 0.03
+"""Run-to-run SD of a run's dev accuracy assumed before a study has measured its own: the 2-4
+points measured on the demo's configurations (`bench/bench_keep_rule.py`)."""
+
+
+def detectable_before_start(dev_tasks: int, run_sd: float, seed_bank: int,
+                            confirm_seeds: int, budget: ErrorBudget) -> str:
+    """What a confirmation can find, said before the study spends anything: the true dev gain
+    found with 80% power, from the budget, the dev size and a run's expected spread (the
+    declared prior, else `ASSUMED_RUN_SD`, never below one run's answer noise at accuracy 0.5,
+    the widest case)."""
+    if not budget.confirmations or not dev_tasks:
+        return ("Before the study: its budget allows no confirmation, so no change can be kept "
+                "whatever its size.")
+    answer_noise = (0.25 / dev_tasks) ** 0.5
+    spread = max(run_sd or ASSUMED_RUN_SD, answer_noise)
+    df = max(1, max(seed_bank, 1) + 2 * confirm_seeds - 3)
+    gain = detectable_gain(spread, df, confirm_seeds, budget.per_confirmation)
+    source = "the declared" if run_sd else "an assumed"
+    return (f"Before the study: with {dev_tasks} dev tasks, {confirm_seeds} confirmation "
+            f"run(s) a side and one-sided p <= {budget.per_confirmation:.4g} per confirmation, "
+            f"a confirmation finds a true dev gain of about +{gain:.3f} with 80% power when a "
+            f"run's dev accuracy varies by {spread:.3f} (the larger of {source} run-to-run SD "
+            f"{run_sd or ASSUMED_RUN_SD:.3f} and one run's answer noise on {dev_tasks} tasks, "
+            f"{answer_noise:.3f}); smaller gains are mostly discarded. More dev tasks or more "
+            "confirmation runs a side find smaller ones.")
 
 
 def keep_rule_for(budget: ConfirmationBudget) -> KeepRule:

@@ -250,6 +250,7 @@ def build(journal: Journal) -> list[Block]:
         f"{sum(t['tokens'] or 0 for t in trials)} tokens, "
         f"{sum(t['wall_seconds'] or 0 for t in trials):.0f} trial-seconds.")))
 
+    blocks += [Block("p", e["message"]) for e in journal.events() if e["kind"] == "power"][:1]
     blocks += _warmup_blocks(journal, trials)
     blocks += _against_warmup_blocks(trials, best)
     blocks += _seed_bank_blocks(trials, budget)

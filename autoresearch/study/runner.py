@@ -46,7 +46,7 @@ from autoresearch.study.control import (
     StudyControl,
     TrialStopped,
 )
-from autoresearch.study.decisions import ErrorBudget, keep_rule_for
+from autoresearch.study.decisions import ErrorBudget, detectable_before_start, keep_rule_for
 from autoresearch.study.environment import api_key, environment_text, fingerprint
 from autoresearch.study.executors.base import Executor, TrialJob
 from autoresearch.study.executors.local import LocalExecutor
@@ -307,6 +307,12 @@ class StudyRunner:
             self.journal.set_study(spec=spec)
             self.journal.event("study", "the declaration changed on resume; the new one applies")
         self._error_budget()
+        if not any(e["kind"] == "power" for e in self.journal.events()):
+            b, base = self.study.budget, self.study.trial_base()
+            said = detectable_before_start(base.eval.dev_tasks, self.study.pruning.run_sd,
+                                           b.seed_bank, b.confirm_seeds, self.rule.budget)
+            self.journal.event("power", said)
+            log.info(said)
         resumed = self.journal.trials()
         if resumed:
             # The time the study was down does not count against its wall-clock budget.

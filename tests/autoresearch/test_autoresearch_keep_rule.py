@@ -219,3 +219,21 @@ def test_a_redeclared_budget_spends_only_what_is_left_of_the_first(tmp_path: Pat
     later = [d for d in journal.decisions() if d["rule"] == "confirmation"][1:]
     assert all(d["verdict"] == "discarded" for d in later)
     assert "Error budget re-declared" in (tmp_path / "report.md").read_text()
+
+
+def test_a_study_says_what_it_can_detect_before_it_starts(tmp_path: Path):
+    from autoresearch.study.decisions import detectable_before_start
+
+    study = Study(name="power", search_space={"rl.temperature": {"low": 0.7, "high": 1.2}},
+                  budget={"max_trials": 2, "confirm_seeds": 1, "max_confirm_trials": 2})
+    outcome = run_study(study, tmp_path, executor=SyntheticExecutor(lambda c: 0.5, tasks=64))
+    journal = Journal(tmp_path, read_only=True)
+    [said] = [e["message"] for e in journal.events() if e["kind"] == "power"]
+    assert said.startswith("Before the study: with 64 dev tasks, 1 confirmation run(s) a side")
+    assert said in outcome.report.read_text()
+    one = ErrorBudget(0.05, 1)
+    small = detectable_before_start(48, 0.0, 3, 1, one)
+    large = detectable_before_start(200, 0.0, 3, 4, one)
+    gain = [float(text.split("gain of about +")[1].split()[0]) for text in (small, large)]
+    assert gain[0] > 2 * gain[1]  # more tasks and more runs a side find smaller gains
+    assert "no change can be kept" in detectable_before_start(48, 0.03, 3, 0, ErrorBudget(0.05, 0))

@@ -156,8 +156,10 @@ def test_the_warmup_is_a_job_of_its_own_and_a_second_study_reuses_it(
     run_study(study("kube2"), tmp_path / "b")
     assert "kube2-warmup" not in fake.created  # reused: the server still holds it
     assert asked == ["tinker://run/weights/final"]
+    # trained again: nothing but its trials; the test check then reads the reused warm-up
+    # beside them (an evaluation job, no training)
     assert sorted(c for c in fake.created if c.startswith("kube2-")) == [
-        "kube2-t0001", "kube2-t0002"]
+        "kube2-t0001", "kube2-t0002", "kube2-warmup-test"]
 
 
 def test_a_pruned_trial_s_job_is_deleted(fake, tmp_path: Path):
