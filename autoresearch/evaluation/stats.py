@@ -283,6 +283,12 @@ def run_accuracies(runs: Sequence[Outcomes], tasks: Sequence[str]) -> np.ndarray
     return np.array([np.mean([float(run[t]) for t in tasks]) for run in runs])
 
 
+def _run_spread(sd: float, mean: float, tasks: int) -> float:
+    """A run-to-run SD never below the binomial noise of one run's answers on `tasks` tasks
+    at accuracy `mean`: runs that score alike are no proof of a spread of zero."""
+    return max(sd, math.sqrt(mean * (1 - mean) / tasks))
+
+
 def pooled_run_test(candidate: Sequence[Outcomes], incumbent: Sequence[Outcomes],
                     reference: Sequence[Sequence[Outcomes]] = ()) -> RunTest:
     """Is the candidate's mean run accuracy above the incumbent's, beyond run-to-run noise?
@@ -309,8 +315,8 @@ def pooled_run_test(candidate: Sequence[Outcomes], incumbent: Sequence[Outcomes]
     difference = float(accuracies[0].mean() - accuracies[1].mean())
     if df <= 0:
         return RunTest(difference, float("nan"), 0, 1.0, (len(candidate), len(incumbent)))
-    mean = float(np.mean(np.concatenate(accuracies)))
-    sd = max(math.sqrt(squares / df), math.sqrt(mean * (1 - mean) / len(tasks)))
+    sd = _run_spread(math.sqrt(squares / df), float(np.mean(np.concatenate(accuracies))),
+                     len(tasks))
     scale = sd * math.sqrt(1 / len(accuracies[0]) + 1 / len(accuracies[1]))
     if scale == 0:
         p = 0.0 if difference > 0 else 1.0
@@ -333,7 +339,7 @@ def run_mean(runs: Sequence[Outcomes], alpha: float = 0.05) -> Estimate:
         return wilson(sum(bool(v) for v in run.values()), len(run))
     accuracies = run_accuracies(runs, tasks)
     mean = float(accuracies.mean())
-    sd = max(float(accuracies.std(ddof=1)), math.sqrt(mean * (1 - mean) / len(tasks)))
+    sd = _run_spread(float(accuracies.std(ddof=1)), mean, len(tasks))
     half = float(student_t.ppf(1 - alpha / 2, len(runs) - 1)) * sd / math.sqrt(len(runs))
     return Estimate(mean, max(0.0, mean - half), min(1.0, mean + half), len(runs))
 

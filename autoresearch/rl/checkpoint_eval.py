@@ -20,7 +20,7 @@ from autoresearch.evaluation.evaluate import evaluate
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.tasks import source_summary, split_tasks
 from rewards import RewardPool, Task
-from sqltasks import SchemaView, load_corpus
+from sqltasks import load_corpus
 
 WORST_SHOWN = 5
 
@@ -62,13 +62,6 @@ def _tokenizer(config: TrialConfig, server_url: str, api_key: str) -> Any:
     return AutoTokenizer.from_pretrained(str(snapshot))
 
 
-def _view(config: TrialConfig) -> SchemaView | None:
-    p = config.prompt
-    if not p.sample_rows and p.max_schema_chars is None:
-        return None
-    return SchemaView(sample_rows=p.sample_rows, max_chars=p.max_schema_chars)
-
-
 def score(request: EvalRequest, server_url: str, api_key: str) -> dict[str, Any]:
     """Evaluate and return what `autoresearch eval` writes as JSON."""
     config = request.config
@@ -89,7 +82,7 @@ def score(request: EvalRequest, server_url: str, api_key: str) -> dict[str, Any]
         with RewardPool(config=config.reward) as pool:
             result = evaluate(
                 sampler, tokenizer, tasks, request.split, pool, config.reward,
-                config.prompt_style, config.eval.max_tokens, view=_view(config),
+                config.prompt_style, config.eval.max_tokens, view=config.prompt.schema_view(),
                 vote=config.eval.vote, vote_temperature=config.eval.vote_temperature,
                 seed=config.seed, snap_names=config.eval.snap_names,
                 snap_values=config.eval.snap_values, keep_samples=len(tasks))

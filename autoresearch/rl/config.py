@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rewards import RewardConfig
+from sqltasks import SchemaView
 
 
 class _Strict(BaseModel):
@@ -133,6 +134,12 @@ class PromptConfig(_Strict):
     max_schema_chars: int | None = Field(None, ge=200, le=100_000)
     """Cap on the schema text: past it, the tables least related to the question are left
     out. None: the whole schema, as before."""
+
+    def schema_view(self) -> SchemaView | None:
+        """The view prompts are rendered with (None: the whole schema, no rows)."""
+        if not self.sample_rows and self.max_schema_chars is None:
+            return None
+        return SchemaView(sample_rows=self.sample_rows, max_chars=self.max_schema_chars)
 
 
 class TasksConfig(_Strict):

@@ -191,10 +191,7 @@ class Trial:
     # ------------------------------------------------------------ setup
     @property
     def _view(self) -> SchemaView | None:
-        p = self.config.prompt
-        if not p.sample_rows and p.max_schema_chars is None:
-            return None
-        return SchemaView(sample_rows=p.sample_rows, max_chars=p.max_schema_chars)
+        return self.config.prompt.schema_view()
 
     def _transfer(self) -> list[Task]:
         c = self.config

@@ -86,6 +86,14 @@ class ErrorBudget:
         left = self.confirmations - self.used
         return max(0.0, self.alpha - self.spent) / left if left > 0 else 0.0
 
+    @classmethod
+    def journaled(cls, data: dict) -> ErrorBudget | None:
+        """The budget of a re-declaration, as its `error budget` event recorded it (None for
+        an event that records a first declaration: that one follows from the spec)."""
+        if not data.get("used"):
+            return None
+        return cls(data["alpha"], data["confirmations"], data["spent"], data["used"])
+
     def redeclared(self, first_alpha: float, spent: float, used: int) -> ErrorBudget:
         """This declaration's budget for a study that already decided `used` confirmations,
         spending `spent`: the study's alpha is never raised past the one it started with

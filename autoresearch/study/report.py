@@ -24,7 +24,13 @@ from autoresearch.evaluation.stats import (
 )
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.progress import describe, where
-from autoresearch.study.confirmation import against_warmup, dev_arms, test_verdicts, warmup_of
+from autoresearch.study.confirmation import (
+    against_warmup,
+    config_runs,
+    dev_arms,
+    test_verdicts,
+    warmup_of,
+)
 from autoresearch.study.decision_text import decision_text
 from autoresearch.study.decisions import ErrorBudget, KeepRule, paired_items
 from autoresearch.study.journal import Journal
@@ -175,10 +181,12 @@ def _base_runs_against_warmup(trials: list[dict[str, Any]], split: str = "dev") 
     start = ((warmup or {}).get(split) or {}).get("verdicts")
     if not start:
         return ""
+    def scored(t: dict[str, Any]) -> bool:
+        return t["status"] in FINISHED and bool((t.get(split) or {}).get("verdicts"))
+
     runs = [{k: v for k, v in t[split]["verdicts"].items() if k in start}
-            for t in trials if t["config_key"] == baseline["config_key"]
-            and t["role"] in ("baseline", "bank", "confirm") and t["status"] in FINISHED
-            and (t.get(split) or {}).get("verdicts")]
+            for t in config_runs(trials, baseline["config_key"],
+                                 ("baseline", "bank", "confirm"), scored)]
     runs = [r for r in runs if r]
     if not runs:
         return ""
@@ -401,10 +409,9 @@ def build(journal: Journal) -> list[Block]:
     decisions = journal.decisions()
     rule = _keep_rule(spec)
     budgets = [e for e in journal.events() if e["kind"] == "error budget"]
-    if budgets and (budgets[-1]["data"] or {}).get("used"):  # re-declared mid-study
-        data = budgets[-1]["data"]
-        rule = replace(rule, budget=ErrorBudget(
-            data["alpha"], data["confirmations"], data["spent"], data["used"]))
+    redeclared = ErrorBudget.journaled(budgets[-1]["data"] or {}) if budgets else None
+    if redeclared is not None:  # re-declared mid-study
+        rule = replace(rule, budget=redeclared)
     blocks.append(Block("h2", "Decisions"))
     blocks.append(Block("p", "Keep rule: " + rule.describe()))
     if decisions:

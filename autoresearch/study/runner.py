@@ -279,9 +279,9 @@ class StudyRunner:
             as_declared = (latest.get("declared_alpha", latest.get("alpha")),
                            latest.get("declared_confirmations", latest.get("confirmations")))
             if as_declared == (declared.alpha, declared.confirmations):
-                if latest.get("used"):  # the budget of an earlier re-declaration still holds
-                    self._use_budget(ErrorBudget(latest["alpha"], latest["confirmations"],
-                                                 latest["spent"], latest["used"]))
+                earlier = ErrorBudget.journaled(latest)
+                if earlier is not None:  # the budget of an earlier re-declaration still holds
+                    self._use_budget(earlier)
                 return
             done = [d for d in self.journal.decisions() if d["rule"] == "confirmation"]
             budget = declared.redeclared(float(budgets[0].get("alpha", declared.alpha)),

@@ -35,7 +35,7 @@ from sqlglot.optimizer.annotate_types import annotate_types
 from sqlglot.optimizer.qualify import qualify
 
 from rewards import Task, execution_match, has_top_level_order_by
-from sqltasks.sqlite_import import open_read_only, setup_script, tables_of
+from sqltasks.sqlite_import import open_read_only, schema_of, setup_script
 from sqltasks.tiers import classify_tier
 
 QUERY_TIMEOUT_S = 10.0
@@ -156,10 +156,6 @@ def agreeing_gold(
     return None, reason
 
 
-def _schema_of(connection: sqlite3.Connection) -> dict[str, dict[str, str]]:
-    return {t: dict(cols) for t, cols in tables_of(connection).items()}
-
-
 class _Databases:
     """SQLite databases of a corpus with their DuckDB copies, opened once each."""
 
@@ -175,7 +171,7 @@ class _Databases:
                 lite = open_read_only(path)
                 setup = setup_script(lite, self.max_rows)
                 duck = locked_duckdb(setup) if setup is not None else None
-                entry = (lite, setup, duck, _schema_of(lite)) if duck is not None else None
+                entry = (lite, setup, duck, schema_of(lite)) if duck is not None else None
             self._open[db_id] = entry
         return self._open[db_id]
 
@@ -303,7 +299,7 @@ def load_gretel(
             lite.close()
             continue
         try:
-            duck_gold, reason = agreeing_gold(gold, lite, duck, _schema_of(lite))
+            duck_gold, reason = agreeing_gold(gold, lite, duck, schema_of(lite))
         finally:
             lite.close()
             duck.close()

@@ -69,6 +69,11 @@ def tables_of(connection: sqlite3.Connection) -> dict[str, list[tuple[str, str]]
     }
 
 
+def schema_of(connection: sqlite3.Connection) -> dict[str, dict[str, str]]:
+    """Table -> {column: DuckDB type}: the schema sqlglot qualifies a SQLite gold against."""
+    return {t: dict(cols) for t, cols in tables_of(connection).items()}
+
+
 def setup_script(connection: sqlite3.Connection, max_rows: int = 100_000) -> str | None:
     """The DuckDB script that rebuilds the database, or None when it has over `max_rows` rows."""
     tables = tables_of(connection)

@@ -123,15 +123,20 @@ def test_a_study_of_seed_noise_keeps_only_the_baseline_and_says_why(tmp_path: Pa
     assert f"(mean of {base_runs} runs)" in dev  # the base config's runs, not its one run
 
 
+def _learning_rate_study(name: str, confirm_seeds: int, max_confirm_trials: int) -> Study:
+    """A study with one proposal beside the base config: the learning rate 2e-4 or 5e-5."""
+    return Study(name=name, search_space={"rl.adam.learning_rate": {"choices": [5e-5, 2e-4]}},
+                 budget={"max_trials": 2, "confirm_seeds": confirm_seeds,
+                         "max_confirm_trials": max_confirm_trials})
+
+
+def _faster_is_better(config: TrialConfig) -> float:
+    return 0.7 if config.rl.adam.learning_rate == 2e-4 else 0.3
+
+
 def test_a_clearly_better_config_is_kept_after_confirmation(tmp_path: Path):
-    study = Study(name="signal", search_space={"rl.adam.learning_rate": {
-        "choices": [5e-5, 2e-4]}},
-        budget={"max_trials": 2, "confirm_seeds": 2, "max_confirm_trials": 4})
-
-    def quality(config: TrialConfig) -> float:
-        return 0.7 if config.rl.adam.learning_rate == 2e-4 else 0.3
-
-    outcome = run_study(study, tmp_path, executor=SyntheticExecutor(quality, tasks=96))
+    study = _learning_rate_study("signal", confirm_seeds=2, max_confirm_trials=4)
+    outcome = run_study(study, tmp_path, executor=SyntheticExecutor(_faster_is_better, tasks=96))
     journal = Journal(tmp_path, read_only=True)
     assert outcome.best["role"] == "explore"
     final = journal.decisions()[-1]
@@ -141,14 +146,8 @@ def test_a_clearly_better_config_is_kept_after_confirmation(tmp_path: Path):
 
 def test_trials_read_dev_only_and_the_study_reads_test_once_for_best_and_baseline(
         tmp_path: Path):
-    study = Study(name="once", search_space={"rl.adam.learning_rate": {
-        "choices": [5e-5, 2e-4]}},
-        budget={"max_trials": 2, "confirm_seeds": 2, "max_confirm_trials": 4})
-
-    def quality(config: TrialConfig) -> float:
-        return 0.7 if config.rl.adam.learning_rate == 2e-4 else 0.3
-
-    executor = SyntheticExecutor(quality, tasks=96)
+    study = _learning_rate_study("once", confirm_seeds=2, max_confirm_trials=4)
+    executor = SyntheticExecutor(_faster_is_better, tasks=96)
     outcome = run_study(study, tmp_path, executor=executor)
     journal = Journal(tmp_path, read_only=True)
     trials = journal.trials()
@@ -173,14 +172,8 @@ def test_trials_read_dev_only_and_the_study_reads_test_once_for_best_and_baselin
 
 
 def test_with_one_confirmation_run_a_kept_configs_test_check_still_shows(tmp_path: Path):
-    study = Study(name="one-seed", search_space={"rl.adam.learning_rate": {
-        "choices": [5e-5, 2e-4]}},
-        budget={"max_trials": 2, "confirm_seeds": 1, "max_confirm_trials": 2})
-
-    def quality(config: TrialConfig) -> float:
-        return 0.7 if config.rl.adam.learning_rate == 2e-4 else 0.3
-
-    outcome = run_study(study, tmp_path, executor=SyntheticExecutor(quality, tasks=96))
+    study = _learning_rate_study("one-seed", confirm_seeds=1, max_confirm_trials=2)
+    outcome = run_study(study, tmp_path, executor=SyntheticExecutor(_faster_is_better, tasks=96))
     assert outcome.best["role"] == "explore"  # kept
     report = outcome.report.read_text()
     row = next(line for line in report.splitlines() if line.startswith("| test"))

@@ -15,7 +15,7 @@ from pathlib import Path
 import duckdb
 
 from sqltasks.sources.duckdb_dump import ROW_LIMIT, DumpError, dump
-from sqltasks.sqlite_import import open_read_only, setup_script, tables_of
+from sqltasks.sqlite_import import open_read_only, schema_of, setup_script
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -63,8 +63,7 @@ def open_database(path: str | Path, max_rows: int = ROW_LIMIT, name: str | None 
             lite.close()
             raise DumpError(f"database {name} holds over {max_rows} rows: keep a sample of the "
                             "large tables or raise max_rows")
-        schema = {t: dict(cols) for t, cols in tables_of(lite).items()}
-        return OpenDatabase(name, path, script, kind, lite, schema)
+        return OpenDatabase(name, path, script, kind, lite, schema_of(lite))
     if kind == "duckdb":
         connection = duckdb.connect(str(path), read_only=True)
     else:
