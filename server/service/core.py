@@ -87,6 +87,7 @@ class ServiceCore:
         self._sample_ids = itertools.count()
         self._dedup: dict[tuple[str, int], FutureRecord] = {}
         self._dedup_order: dict[str, collections.deque[int]] = {}
+        self._dedup_lock = threading.Lock()  # request threads add, the engine thread prunes
         self.policy = self.limits.lifecycle
         self.snapshots = SnapshotLedger(self.policy.snapshots_per_run)
         self.adapters = AdapterCache()
@@ -114,9 +115,29 @@ class ServiceCore:
             return None
         self.scheduler.close_stream(run_id, why)
         del self.runs[run_id]
-        for seq_id in self._dedup_order.pop(run_id, ()):
-            self._dedup.pop((run_id, seq_id), None)
+        with self._dedup_lock:
+            for seq_id in self._dedup_order.pop(run_id, ()):
+                self._dedup.pop((run_id, seq_id), None)
         return run
+
+    def _remember_dedup(self, run_id: str, seq_id: int, record: FutureRecord) -> None:
+        """Keep a queued request's future so a retry of its `seq_id` gets the same answer."""
+        with self._dedup_lock:
+            self._dedup[(run_id, seq_id)] = record
+            self._dedup_order.setdefault(run_id, collections.deque()).append(seq_id)
+        self._prune_dedup(run_id)
+
+    def _prune_dedup(self, run_id: str) -> None:
+        """Forget dedup records the run's order has passed by more than the window.
+
+        Called when a request is queued and when one completes, so a run that goes quiet
+        keeps only the window, not whatever was still queued at its last request.
+        """
+        next_seq = self.scheduler.next_seq(run_id)
+        with self._dedup_lock:
+            order = self._dedup_order.get(run_id)
+            while order and (next_seq is None or order[0] < next_seq - self.policy.dedup_window):
+                self._dedup.pop((run_id, order.popleft()), None)
 
     def _seen(self, scoped_id: str) -> None:
         """A request for a run or sampler keeps its session alive, like a heartbeat."""
@@ -194,6 +215,8 @@ class ServiceCore:
         """A scheduler callback that resolves `record` from a result or an error."""
 
         def done(result: object | None, error: BaseException | None) -> None:
+            if record.run_id is not None:  # before the caller can see the answer
+                self._prune_dedup(record.run_id)
             fields = {
                 "request_id": record.request_id,
                 "run_id": record.run_id,

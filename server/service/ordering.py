@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import contextlib
 from collections.abc import Iterator
 
@@ -17,13 +16,6 @@ from server.service.records import Run
 class RunOrdering(ServiceCore):
     """A run's requests execute in `seq_id` order, duplicates get the first answer, and a
     refused request still takes its place."""
-
-    def _prune_dedup(self, run_id: str) -> None:
-        """Forget dedup records the run's order has passed by more than the window."""
-        order = self._dedup_order.get(run_id)
-        next_seq = self.scheduler.next_seq(run_id)
-        while order and (next_seq is None or order[0] < next_seq - self.policy.dedup_window):
-            self._dedup.pop((run_id, order.popleft()), None)
 
     @contextlib.contextmanager
     def _refusal_keeps_order(
@@ -91,7 +83,5 @@ class RunOrdering(ServiceCore):
         if not accepted:
             self.futures.fail(record, f"seq_id {seq_id} was already used for {run.run_id}")
             return record
-        self._dedup[(run.run_id, seq_id)] = record
-        self._dedup_order.setdefault(run.run_id, collections.deque()).append(seq_id)
-        self._prune_dedup(run.run_id)
+        self._remember_dedup(run.run_id, seq_id, record)
         return record

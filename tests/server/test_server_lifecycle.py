@@ -160,7 +160,7 @@ def test_dedup_records_stay_bounded(server, svc, base_model):
         run.optim_step(types.AdamParams(learning_rate=1e-3))
     run.optim_step(types.AdamParams(learning_rate=1e-3)).result(TIMEOUT)
     kept = [seq for rid, seq in server.service._dedup if rid == run.model_id]
-    assert len(kept) <= 4 + 1, kept
+    assert len(kept) <= 4, kept  # the window, however far the queue had got at submit time
     assert max(kept) == 13
 
 
