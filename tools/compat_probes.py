@@ -425,9 +425,23 @@ def _forward_backward(ws: Workspace, call: Call) -> str:
     expected = -sum(sum(x) for x in lps)
     expect(abs(loss - expected) < 1e-3 * max(1.0, abs(expected)), f"loss:sum {loss} != {expected}")
     expect(max_diff(lps[0], ws.base_logprobs) < EXACT, "logprobs disagree with forward")
+    prompt = len(PROMPT) // 2  # a prompt that weighs 0, as in an SFT example
+    weighted = tinker.Datum(
+        model_input=tinker.ModelInput.from_ints(PROMPT[:-1]),
+        loss_fn_inputs={
+            "target_tokens": PROMPT[1:],
+            "weights": [0.0] * prompt + [1.0] * (len(PROMPT) - 1 - prompt),
+        },
+    )
+    [masked] = logprobs_of(call(ws.scratch, [weighted], "cross_entropy"))
+    expect(all(x == 0.0 for x in masked[:prompt]), "unweighted positions are not 0.0")
+    expect(max_diff(masked[prompt:], ws.base_logprobs[prompt:]) < EXACT,
+           "weighted logprobs disagree with forward")
     losses = _rl_losses(ws)
     return (
         "Per-datum logprobs of each datum's length; finite loss:sum = -sum(weights * logprobs). "
+        "Positions the loss reads nothing at (weight 0; no advantage and no sampled logprob) "
+        "skip the output head and return 0.0; `forward` scores every position. "
         f"Every built-in RL loss ({losses}) equals its closed form on samples taken with "
         "record_stability_info=True (stable_reinforce through provenance spans)."
     )

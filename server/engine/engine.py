@@ -117,6 +117,10 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
         self.device_sampling = device_sampling
         """Choose tokens where the logits are (see `decoding`); off: the host-side loop of
         `host_decoding`, kept as the reference a benchmark compares with."""
+        self.head_where_read = True
+        """`forward_backward` runs the output head only at positions its loss reads
+        (`loss_positions`) and returns 0.0 elsewhere; off: every position is scored, as before
+        (kept as the reference a benchmark and the tests compare with)."""
         self.first_token_from_scoring = True
         """A one-token request that also asks for its prompt's logprobs (`compute_logprobs`)
         draws its token from the scoring forward under invariance; off: a second prefill, as

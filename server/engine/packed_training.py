@@ -17,6 +17,7 @@ from server.engine import invariant_attention, losses, packed_attention, prefix_
 from server.engine.invariance import row_invariant
 from server.engine.jobs import ForwardBackwardJob
 from server.engine.lora import RowGroup, routing
+from server.engine.loss_positions import loss_positions
 from server.engine.scoring import UNSCORED_TARGET
 from server.engine.training import _pad, _routed_adapter, padded_batches
 
@@ -27,6 +28,7 @@ class PackedTraining:
     tokens_per_microbatch: int
     share_prefixes: bool
     batch_invariant: bool
+    head_where_read: bool
     _windows: dict[str, int | None]
 
     def _forward_packed(
@@ -131,15 +133,19 @@ class PackedTraining:
             pairs["last"].append(where[-1:])
             flat_targets = targets.reshape(-1).astype(np.int64)
             kept = flat_targets != UNSCORED_TARGET
+            if job.forward_only:
+                active = np.zeros(n * kk, dtype=bool)
+            else:
+                read, on = loss_positions(job.loss_fn, datum.inputs, np.ones(n, dtype=bool))
+                active = np.repeat(on, kk)
+                if self.head_where_read:  # a pair the loss never reads skips the head: 0.0
+                    kept &= np.repeat(read, kk)
             pairs["pos"].append(np.repeat(where, kk)[kept])
             pairs["tgt"].append(flat_targets[kept])
             pairs["b"].append(np.full(n * kk, b)[kept])
             pairs["t"].append(np.repeat(np.arange(n), kk)[kept])
             pairs["k"].append(np.tile(np.arange(kk), n)[kept])
-            if job.forward_only:
-                pairs["on"].append(np.zeros(int(kept.sum()), dtype=bool))
-            else:
-                pairs["on"].append(_active_pairs(job.loss_fn, datum.inputs, n, kk)[kept])
+            pairs["on"].append(active[kept])
         flat = {name: torch.from_numpy(np.concatenate(parts)) for name, parts in pairs.items()}
         pos, tgt = flat["pos"], flat["tgt"]
         needs_grad = any(not jobs[rows[d][0]].forward_only for _, _, d in members)
@@ -206,14 +212,3 @@ class PackedTraining:
             if needs_grad and total.requires_grad:
                 total.backward()
 
-
-def _active_pairs(loss_fn: str, inputs: dict[str, np.ndarray], n: int, depth: int) -> np.ndarray:
-    """Which of a datum's `n * depth` (position, target) pairs can have a non-zero loss term."""
-    if loss_fn == "cross_entropy":
-        weights = inputs["weights"]
-        if weights.ndim == 1:
-            return np.repeat(weights != 0, depth)
-        return (weights != 0).reshape(-1)
-    if loss_fn in ("importance_sampling", "ppo", "cispo"):
-        return np.repeat(inputs["advantages"] != 0, depth)
-    return np.ones(n * depth, dtype=bool)  # e.g. dro: its quadratic term is not masked

@@ -59,47 +59,45 @@ class HeadScoring:
         targets: torch.Tensor,
         groups: list[RowGroup],
         active: torch.Tensor | None,
+        read: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """log p(target | prefix) for `[B, T, K]` targets.
+        """log p(target | prefix) for `[B, T, K]` targets, 0.0 where `read` is False.
 
         The output head over Gemma's 262k-token vocabulary costs more than the whole body of a
-        small model. So every position is scored once without gradients (in chunks, never
-        holding `[B, T, V]` logits), and only the `active` positions (those with a non-zero
-        weight or advantage) go through the head again with gradients. Positions whose loss
+        small model. So only the positions a loss reads (`read`, default: every real one) go
+        through it, in chunks, never holding `[B, T, V]` logits: the `active` ones (a non-zero
+        weight or advantage) with gradients, the rest of `read` without. Positions whose loss
         term is zero get no gradient either way, so the gradient is unchanged.
         """
         with routing(groups):
             hidden = self._body(input_ids=tokens, attention_mask=mask, use_cache=False)
             hidden = hidden.last_hidden_state
-        batch, width = tokens.shape
+        read = mask.bool() if read is None else read
         grad = active is not None and torch.is_grad_enabled() and bool(active.any())
-        if grad and int(active.sum()) * 2 > int(mask.sum()):
-            # Most positions carry weight: score every real position once, with gradients.
-            need = mask.bool()
-            scored = torch.zeros(targets.shape, dtype=torch.float32, device=self.device)
+        if not grad:
+            passes = [(read, False)]
+        elif int(active.sum()) * 2 > int(read.sum()):
+            # Most read positions carry weight: score them all once, with gradients.
+            passes = [(read, True)]
         else:
-            need = active
-            step = max(1, HEAD_CHUNK // max(1, batch))
-            with torch.no_grad():
-                scored = torch.cat(
-                    [
-                        self._head_logprobs(
-                            hidden[:, t : t + step].detach(), targets[:, t : t + step], groups
-                        )
-                        for t in range(0, width, step)
-                    ],
-                    dim=1,
+            passes = [(read & ~active, False), (active, True)]
+        scored = torch.zeros(targets.shape, dtype=torch.float32, device=self.device)
+        for where, with_grad in passes:
+            if not bool(where.any()):
+                continue
+            rows, cols = where.nonzero(as_tuple=True)  # row-major: a group's rows stay together
+            counts = where.sum(dim=1).tolist()
+            offsets = [0]
+            for count in counts:
+                offsets.append(offsets[-1] + count)
+            picked_groups = [RowGroup(g.adapter, offsets[g.start], offsets[g.stop]) for g in groups]
+            with torch.set_grad_enabled(with_grad):
+                source = hidden[rows, cols]
+                picked = self._picked_logprobs(
+                    source if with_grad else source.detach(), targets[rows, cols], picked_groups
                 )
-            if not grad:
-                return scored
-        rows, cols = need.nonzero(as_tuple=True)  # row-major: each group's rows stay together
-        counts = need.sum(dim=1).tolist()
-        offsets = [0]
-        for count in counts:
-            offsets.append(offsets[-1] + count)
-        picked_groups = [RowGroup(g.adapter, offsets[g.start], offsets[g.stop]) for g in groups]
-        picked = self._picked_logprobs(hidden[rows, cols], targets[rows, cols], picked_groups)
-        return torch.index_put(scored, (rows, cols), picked)
+            scored = torch.index_put(scored, (rows, cols), picked)
+        return scored
 
     def _picked_logprobs(
         self, hidden: torch.Tensor, targets: torch.Tensor, groups: list[RowGroup]

@@ -25,6 +25,7 @@ from server.engine.jobs import (
     UserError,
 )
 from server.engine.lora import AdapterWeights, RowGroup
+from server.engine.loss_positions import loss_positions
 
 T = TypeVar("T")
 
@@ -46,6 +47,7 @@ class Training:
     vocab_size: int
     share_prefixes: bool
     batch_invariant: bool
+    head_where_read: bool
     _can_pack: bool
 
     # ----------------------------------------------------------- validation
@@ -102,20 +104,6 @@ class Training:
                         f"target_tokens shape {targets.shape}"
                     )
         del loss_fn
-
-    @staticmethod
-    def _active_positions(
-        loss_fn: str, inputs: dict[str, torch.Tensor], real: torch.Tensor
-    ) -> torch.Tensor:
-        """Positions whose loss term can be non-zero (so need gradients)."""
-        if loss_fn == "cross_entropy":
-            weights = inputs["weights"]
-            return (weights != 0).flatten(2).any(-1) if weights.dim() > 2 else weights != 0
-        if loss_fn in ("importance_sampling", "ppo", "cispo", "gspo"):
-            return inputs["advantages"] != 0
-        if loss_fn in losses.NEEDS_SAMPLING_RECORD:
-            return inputs[losses.RECORDED_MASK] != 0
-        return real.bool()  # e.g. dro: its quadratic term is not masked by the advantages
 
     def forward_backward(self, jobs: list[ForwardBackwardJob]) -> list[ForwardBackwardResult]:
         """Run several runs' forward_backward work as padded micro-batches, fused across jobs
@@ -188,6 +176,7 @@ class Training:
         needs_grad = any(not jobs[j].forward_only for j, _ in chunk)
         padded: dict[int, dict[str, torch.Tensor]] = {}
         active = torch.zeros(tokens.shape, dtype=torch.bool, device=self.device)
+        read = mask.bool()
         for j, a, b in spans:
             job, members = jobs[j], chunk[a:b]
             names = {name for _, i in members for name in job.data[i].inputs}
@@ -200,9 +189,11 @@ class Training:
             }
             padded[j][losses.TOKEN_MASK] = mask[a:b].to(torch.float32)
             if not job.forward_only:
-                active[a:b] = self._active_positions(job.loss_fn, padded[j], mask[a:b])
+                loss_read, active[a:b] = loss_positions(job.loss_fn, padded[j], mask[a:b].bool())
+                if self.head_where_read:
+                    read[a:b] = loss_read
         with torch.set_grad_enabled(needs_grad):
-            target_lp = self._target_logprobs(tokens, mask, targets, groups, active)
+            target_lp = self._target_logprobs(tokens, mask, targets, groups, active, read)
             if one_d:
                 target_lp = target_lp.squeeze(-1)
             total = torch.zeros((), device=self.device)

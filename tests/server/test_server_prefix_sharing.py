@@ -328,14 +328,17 @@ def count_head_positions(engine, monkeypatch) -> list[int]:
     return scored
 
 
-def test_the_output_head_scores_each_distinct_position_once(engine, monkeypatch):
-    """A group's prompt positions (no advantage) go through the vocabulary-wide head once, not
-    once per sample, and no position is scored twice."""
+@pytest.mark.parametrize("where_read", [True, False], ids=["where-read", "every-position"])
+def test_the_output_head_scores_each_distinct_position_once(engine, monkeypatch, where_read):
+    """A group's prompt positions (no advantage, no sampled logprob) skip the vocabulary-wide
+    head in forward_backward; with the reference `head_where_read=False` they go through it
+    once, not once per sample. No position is scored twice either way."""
     rng = np.random.default_rng(7)
     sizes = [6, 9, 4, 7]
     data = rl_group(rng, engine.vocab_size, 30, sizes)
     scored = count_head_positions(engine, monkeypatch)
     engine.share_prefixes = True
+    monkeypatch.setattr(engine, "head_where_read", where_read)
     engine.forward_backward(
         [ForwardBackwardJob(new_state(engine, 10), data, "importance_sampling", {}, False)]
     )
@@ -343,9 +346,9 @@ def test_the_output_head_scores_each_distinct_position_once(engine, monkeypatch)
     # each sample's first token, carries advantage), then each sample's own.
     distinct = 30 + sum(size - 1 for size in sizes)
     active = 1 + sum(size - 1 for size in sizes)
-    # Forward scores each distinct position once; backward recomputes the chunks of the
+    # Forward scores each position it reads once; backward recomputes the chunks of the
     # positions with gradients (checkpointing) once more.
-    assert sum(scored) == distinct + active
+    assert sum(scored) == (active if where_read else distinct) + active
 
 
 def test_prompt_logprobs_last_n_scores_only_the_suffix_and_matches(engine, monkeypatch):
