@@ -6,7 +6,9 @@ The NEW rule is the product's own, applied by the study runner's own decision co
 (`autoresearch.study.confirmation.next_decision`, with the `KeepRule` that `keep_rule_for`
 builds from the study budget) to simulated trial rows: the baseline's seed bank, candidates
 decided in order, a promising one and the best re-run with fresh seeds, the best's re-runs
-reused; a confirmation must pass per task and per run. TASKS is the same code with the
+reused; a confirmation must pass per task and per run (Welch's t, each side's own spread).
+POOLED is the same code with one run-to-run spread pooled over every config
+(`KeepRule.own_spreads=False`), the run-level test before. TASKS is the same code with the
 run-level test off (`KeepRule.run_level=False`): the rule before runs were the unit. OLD is the
 rule before that: a normal (Wald) interval on paired differences, seeds pooled as if they were
 new tasks, the selecting look pooled into the confirmation, and a significant single look kept
@@ -130,13 +132,14 @@ BANK_SEEDS = [5000 + k for k in range(64)]
 CONFIRM_SEEDS = [1 + k for k in range(16)]
 
 
-def new_study(world: World, candidates: int, study: Study, run_level: bool = True) -> int:
+def new_study(world: World, candidates: int, study: Study, run_level: bool = True,
+              own_spreads: bool = True) -> int:
     """The product's keep rule, applied by the study runner's own decision code
     (`confirmation.next_decision`) to simulated trials: the baseline and its seed bank, the
     candidates, each run once with the base seed, and the confirmation re-runs it asks for."""
     rule, budget = keep_rule_for(study.budget), study.budget
-    if not run_level:
-        rule = KeepRule(rule.budget, rule.select_p, run_level=False)
+    if not (run_level and own_spreads):
+        rule = KeepRule(rule.budget, rule.select_p, run_level=run_level, own_spreads=own_spreads)
     seeds = EvidenceSeeds(BANK_SEEDS[:max(0, budget.seed_bank - 1)],
                           CONFIRM_SEEDS[:budget.confirm_seeds])
     trials = [_trial(n, "baseline" if n == 0 else "explore", n, BASE_SEED, world.run(n, BASE_SEED))
@@ -160,6 +163,11 @@ def new_study(world: World, candidates: int, study: Study, run_level: bool = Tru
         if decision.kept:
             best = decision.candidate
     return 0 if best is None else best["config_index"]
+
+
+def pooled_study(world: World, candidates: int, study: Study) -> int:
+    """The same decision code with one run-to-run spread pooled over every config."""
+    return new_study(world, candidates, study, own_spreads=False)
 
 
 def task_level_study(world: World, candidates: int, study: Study) -> int:
@@ -201,7 +209,8 @@ def old_study(world: World, candidates: int, study: Study) -> int:
 
 
 # ---------------------------------------------------------------- the bench
-RULES = (("old", old_study), ("tasks", task_level_study), ("new", new_study))
+RULES = (("old", old_study), ("tasks", task_level_study), ("pooled", pooled_study),
+         ("new", new_study))
 
 
 def simulate(tasks: int, effect: float, studies: int, candidates: int, base: float,
@@ -260,8 +269,9 @@ def main() -> None:
     print(rule.budget.describe())
     se = math.sqrt(0.05 * 0.95 / args.studies)
     print(f"(a rate of 5% is measured to +-{1.96 * se:.1%} at this many studies)\n")
-    print("| run SD | dev tasks | planted effect | measures | OLD | TASKS | NEW | NEW / TASKS |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| run SD | dev tasks | planted effect | measures | OLD | TASKS | POOLED | NEW | "
+          "NEW / POOLED |")
+    print("|---|---|---|---|---|---|---|---|---|")
     started = time.time()
     for run_points in args.run_sds:
         for tasks in args.sizes:
@@ -270,10 +280,11 @@ def main() -> None:
                              seed=1000 * tasks + k, run_points=run_points,
                              noisier=args.noisy_candidates)
                 what = "false keeps per study" if not effect else "power (planted kept)"
-                ratio = f"{r['new'] / r['tasks']:.2f}" if r["tasks"] else "-"
+                ratio = f"{r['new'] / r['pooled']:.2f}" if r["pooled"] else "-"
                 print(f"| {run_points:g} pts | {tasks} | "
                       f"{'none' if not effect else f'+{effect * 100:.0f} pts'} | {what} | "
-                      f"{r['old']:.1%} | {r['tasks']:.1%} | {r['new']:.1%} | {ratio} |",
+                      f"{r['old']:.1%} | {r['tasks']:.1%} | {r['pooled']:.1%} | "
+                      f"{r['new']:.1%} | {ratio} |",
                       flush=True)
     print(f"\n{time.time() - started:.0f}s")
 

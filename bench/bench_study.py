@@ -77,7 +77,7 @@ from autoresearch.evaluation.stats import (  # noqa: E402
     Estimate,
     RunTest,
     paired_difference,
-    pooled_run_test,
+    run_level_test,
 )
 from autoresearch.rl.record import TrialRecord  # noqa: E402
 from autoresearch.study.confirmation import test_verdicts  # noqa: E402
@@ -292,7 +292,7 @@ def summarise_arms(directory: Path, change_made: dict[str, Any], seconds: float,
                    pseudo: int) -> dict[str, Any]:
     """(a) and (b) from the base arm as an A/A seed bank, and the change measured against it."""
     base, change = arm_runs(directory, change_made)
-    known = pooled_run_test(change, base)
+    known = run_level_test(change, base)
     interval = known.interval()
     print(f"\n== arms ({seconds:.0f} s) ==")
     warmups = warmup_scores(directory)
@@ -381,7 +381,7 @@ def test_over_runs(directory: Path) -> RunTest | None:
     journal = Journal(directory, read_only=True)
     best = journal.study()["best_trial"]
     arms = best and test_verdicts(journal.trials(), best)
-    return pooled_run_test(*arms) if arms and min(map(len, arms)) > 1 else None
+    return run_level_test(*arms) if arms and min(map(len, arms)) > 1 else None
 
 
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:

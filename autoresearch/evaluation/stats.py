@@ -28,6 +28,7 @@ from typing import Literal
 
 import numpy as np
 from scipy.stats import binomtest, bootstrap
+from scipy.stats import f as f_dist
 from scipy.stats import t as student_t
 from statsmodels.stats.proportion import proportion_confint
 
@@ -255,25 +256,43 @@ class RunTest:
     difference: float
     """Mean run accuracy of the candidate minus the incumbent's."""
     run_sd: float
-    """Run-to-run standard deviation of a run's accuracy, pooled within groups."""
-    df: int
-    """Degrees of freedom of that estimate (runs minus groups)."""
+    """Run-to-run standard deviation of the incumbent's runs (pooled with the reference
+    groups'), floored at a run's answer noise."""
+    df: float
+    """Degrees of freedom of the test (Welch-Satterthwaite when each side has its own spread;
+    else those of the one pooled estimate)."""
     p_value: float
-    """One-sided p of "the candidate is no better" (Student t, pooled variance)."""
+    """One-sided p of "the candidate is no better" (Student t with `df`)."""
     runs: tuple[int, int]
     """Runs of the candidate and of the incumbent."""
+    candidate_sd: float = float("nan")
+    """The candidate's own run-to-run SD (its runs alone, floored), or `run_sd` when it has
+    one run and its spread is assumed to be the incumbent's (`own_spread` False)."""
+    standard_error: float = float("nan")
+    """Standard error of `difference`."""
+    own_spread: bool = False
+    """The candidate's runs spread clearly wider than the incumbent's and were judged by their
+    own spread (Welch); False: one spread for both sides."""
 
     def as_dict(self) -> dict[str, float]:
         return {"run_difference": self.difference, "run_sd": self.run_sd, "run_df": self.df,
-                "run_p_value": self.p_value}
+                "run_p_value": self.p_value, "candidate_run_sd": self.candidate_sd,
+                "own_spread": float(self.own_spread)}
+
+    def describe_spread(self) -> str:
+        """How the test's noise was estimated, for decision texts and the report."""
+        if self.own_spread:
+            return (f"run-to-run SD {self.candidate_sd:.3f} candidate, {self.run_sd:.3f} "
+                    f"incumbent, Welch {self.df:.1f} df")
+        return (f"run-to-run SD {self.run_sd:.3f}, {self.df:.0f} df, one spread for both "
+                "sides")
 
     def interval(self, alpha: float = 0.05) -> Estimate:
         """The difference with its two-sided 1 - alpha Student t interval: over runs, so it
         holds the luck of each run as well as the draws of its answers."""
-        if self.df <= 0 or not math.isfinite(self.run_sd):
+        if self.df <= 0 or not math.isfinite(self.standard_error):
             return Estimate(self.difference, -1.0, 1.0, sum(self.runs))
-        half = (float(student_t.ppf(1 - alpha / 2, self.df)) * self.run_sd
-                * math.sqrt(1 / self.runs[0] + 1 / self.runs[1]))
+        half = float(student_t.ppf(1 - alpha / 2, self.df)) * self.standard_error
         return Estimate(self.difference, max(-1.0, self.difference - half),
                         min(1.0, self.difference + half), sum(self.runs))
 
@@ -285,50 +304,91 @@ def run_accuracies(runs: Sequence[Outcomes], tasks: Sequence[str]) -> np.ndarray
 
 def _run_spread(sd: float, mean: float, tasks: int) -> float:
     """A run-to-run SD never below the binomial noise of one run's answers on `tasks` tasks
-    at accuracy `mean`: runs that score alike are no proof of a spread of zero."""
-    return max(sd, math.sqrt(mean * (1 - mean) / tasks))
+    at accuracy `mean`: runs that score alike are no proof of a spread of zero. The accuracy
+    is taken half a task from 0 and 1, so runs that all score 0 (or 1) still have a width."""
+    shrunk = (mean * tasks + 0.5) / (tasks + 1)
+    return max(sd, math.sqrt(shrunk * (1 - shrunk) / tasks))
 
 
-def pooled_run_test(candidate: Sequence[Outcomes], incumbent: Sequence[Outcomes],
-                    reference: Sequence[Sequence[Outcomes]] = ()) -> RunTest:
+WIDER_QUANTILE = 0.9
+"""A candidate's runs count as spreading wider than the incumbent's when the ratio of their
+variances passes this quantile of its F distribution under equal spreads. From two or three
+runs a variance is rough: judging every candidate whose runs happen to differ more by its own
+spread (Welch's df near 1) halved the power at +10 points, for a false-keep rate the F screen
+holds about as well (`bench/keep_rule_results.md`)."""
+
+
+def _wider(sd_c: float, df_c: int, sd_i: float, df_i: int) -> bool:
+    """Do the candidate's runs spread clearly wider than the incumbent's (one-sided F)?"""
+    return (sd_c / sd_i) ** 2 > float(f_dist.ppf(WIDER_QUANTILE, df_c, df_i))
+
+
+def run_level_test(candidate: Sequence[Outcomes], incumbent: Sequence[Outcomes],
+                   reference: Sequence[Sequence[Outcomes]] = (),
+                   own_spreads: bool = True) -> RunTest:
     """Is the candidate's mean run accuracy above the incumbent's, beyond run-to-run noise?
 
     Every run is scored on the same tasks (those all runs share), so task difficulty cancels;
     what varies between runs of one config is the run's own luck plus the draws of its answers.
-    The variance of a run's accuracy is pooled over the candidate's runs, the incumbent's and
-    any `reference` groups (for instance a seed bank of the baseline: runs of one config that
-    are no side of this comparison), each around its own mean; the one-sided p is Student's t
-    with that pooled variance. With no degrees of freedom there is no estimate and p is 1.
 
-    The spread is never taken below the binomial noise of a run's answers on these tasks
+    The incumbent's spread is pooled over its runs and any `reference` groups (for instance a
+    seed bank of the baseline: runs of one config that are no side of this comparison), each
+    around its own mean. A candidate whose own runs spread clearly wider than that (an F
+    screen at `WIDER_QUANTILE`) is judged by its own spread: Welch's t with Welch-Satterthwaite
+    degrees of freedom, so a config that sometimes wrecks a run is not given the baseline's
+    steadiness. Any other is judged with one spread pooled over both sides and the reference
+    groups (Student's t, runs minus groups degrees of freedom). A candidate with one run has no
+    spread of its own and is assumed to vary as the incumbent, which a noisier candidate
+    defeats: a budget should give a confirmation two runs a side (`confirm_seeds >= 2`, the
+    default). `own_spreads=False` always pools: the rule before, kept so `bench_keep_rule.py`
+    can measure what it let through. With no degrees of freedom there is no estimate and p
+    is 1.
+
+    A spread is never taken below the binomial noise of a run's answers on these tasks
     (p(1 - p) / tasks at the runs' mean accuracy): runs that happen to score alike, or that are
     the same bits (reproducible training on one seed), are no proof of a spread of zero, and a
     zero spread would make any difference certain."""
     groups = [list(candidate), list(incumbent), *(list(g) for g in reference if g)]
     runs = [set(run) for group in groups for run in group]
     tasks = sorted(set.intersection(*runs)) if runs else []
+    counts = (len(candidate), len(incumbent))
     if not candidate or not incumbent or not tasks:
-        return RunTest(0.0, float("nan"), 0, 1.0, (len(candidate), len(incumbent)))
+        return RunTest(0.0, float("nan"), 0, 1.0, counts)
     accuracies = [run_accuracies(g, tasks) for g in groups]
-    df = sum(len(a) for a in accuracies) - len(accuracies)
-    squares = sum(float(((a - a.mean()) ** 2).sum()) for a in accuracies)
     difference = float(accuracies[0].mean() - accuracies[1].mean())
+    n_c, n_i = counts
+
+    def spread(parts: list[np.ndarray]) -> tuple[float, int]:
+        """Pooled SD of `parts` around their own means (floored), and its df."""
+        df = sum(len(a) for a in parts) - len(parts)
+        if df <= 0:
+            return float("nan"), 0
+        squares = sum(float(((a - a.mean()) ** 2).sum()) for a in parts)
+        return _run_spread(math.sqrt(squares / df), float(np.concatenate(parts).mean()),
+                           len(tasks)), df
+
+    sd_c, df_c = spread(accuracies[:1])
+    sd_i, df_i = spread(accuracies[1:])
+    if own_spreads and df_c > 0 and df_i > 0 and _wider(sd_c, df_c, sd_i, df_i):
+        v_c, v_i = sd_c**2 / n_c, sd_i**2 / n_i
+        se = math.sqrt(v_c + v_i)
+        df = (v_c + v_i) ** 2 / (v_c**2 / df_c + v_i**2 / df_i)
+        own = True
+    else:  # one spread for both sides, pooled over every group's runs
+        sd, df = spread(accuracies)
+        sd_c = sd_i = sd
+        se = sd * math.sqrt(1 / n_c + 1 / n_i) if df > 0 else float("nan")
+        own = False
     if df <= 0:
-        return RunTest(difference, float("nan"), 0, 1.0, (len(candidate), len(incumbent)))
-    sd = _run_spread(math.sqrt(squares / df), float(np.mean(np.concatenate(accuracies))),
-                     len(tasks))
-    scale = sd * math.sqrt(1 / len(accuracies[0]) + 1 / len(accuracies[1]))
-    if scale == 0:
-        p = 0.0 if difference > 0 else 1.0
-    else:
-        p = float(student_t.sf(difference / scale, df))
-    return RunTest(difference, sd, df, p, (len(candidate), len(incumbent)))
+        return RunTest(difference, float("nan"), 0, 1.0, counts)
+    p = float(student_t.sf(difference / se, df))
+    return RunTest(difference, sd_i, df, p, counts, sd_c, se, own)
 
 
 def run_mean(runs: Sequence[Outcomes], alpha: float = 0.05) -> Estimate:
     """One config's accuracy with runs as the unit: the mean of its runs' accuracies on the
     tasks they share, with a Student t interval over runs (the spread floored at a run's
-    binomial answer noise, as in `pooled_run_test`); one run gives its Wilson interval over
+    binomial answer noise, as in `run_level_test`); one run gives its Wilson interval over
     tasks, which leaves the run's own luck out."""
     runs = [run for run in runs if run]
     if not runs:

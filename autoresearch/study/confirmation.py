@@ -243,7 +243,7 @@ def next_decision(trials: Sequence[Trial], best_id: str | None, rule: KeepRule,
                                                              for t in bank]])
     alpha = rule.budget.per_confirmation
     note = (f"fresh seeds only: per task one-sided p={test.p_value:.4g}, per run one-sided "
-            f"p={run_test.p_value:.4g} (run-to-run SD {run_test.run_sd:.3f}, {run_test.df} df, "
+            f"p={run_test.p_value:.4g} ({run_test.describe_spread()}, "
             f"{len(bank)} seed-bank runs), both against alpha {alpha:.4g} per confirmation; the "
             f"selecting first look was {first.difference.value:+.3f} ({first.wins:g} wins, "
             f"{first.losses:g} losses)")

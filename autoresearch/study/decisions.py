@@ -17,10 +17,11 @@ with the incumbent (the best so far): per task, right or wrong (`stats.paired_ex
                   task's outcome is averaged over those seeds, and the candidate is kept when
                   the exact one-sided sign-flip test of the per-task differences (for one seed,
                   the exact McNemar test) gives p at most the per-confirmation alpha, and so
-                  does a test with runs as the unit (`stats.pooled_run_test`: each run's
-                  accuracy one observation, the run-to-run variance pooled over the re-runs and
-                  the baseline's seed bank). A run's own luck is shared by all its tasks, so
-                  the task-level test alone treats one lucky run as many independent wins.
+                  does a test with runs as the unit (`stats.run_level_test`: each run's
+                  accuracy one observation, Welch's t with each side's own run-to-run spread,
+                  the incumbent's pooled with the baseline's seed bank). A run's own luck is
+                  shared by all its tasks, so the task-level test alone treats one lucky run
+                  as many independent wins.
     error budget  the study's alpha (the chance that it keeps any change that is no better) is
                   split evenly (Bonferroni) over the most confirmations its budget allows, so it
                   holds whichever candidates are picked, in whatever order, however the tests
@@ -42,7 +43,7 @@ from autoresearch.evaluation.stats import (
     RunTest,
     detectable_gain,
     paired_exact_test,
-    pooled_run_test,
+    run_level_test,
 )
 
 Verdicts = Mapping[str, bool]
@@ -130,6 +131,10 @@ class KeepRule:
     """Also require the run-level test at a confirmation. False leaves the task-level test
     alone: the rule before runs were the unit, kept so `bench_keep_rule.py` can measure what
     it let through."""
+    own_spreads: bool = True
+    """The run-level test estimates each side's spread from its own runs (Welch). False pools
+    one spread over every config: the rule before, which a candidate noisier than the base
+    config defeats, kept so `bench_keep_rule.py` can measure it beside this one."""
 
     def first_look(self, candidate: Verdicts, incumbent: Verdicts | Sequence[Verdicts]
                    ) -> tuple[Action, PairedTest]:
@@ -147,15 +152,15 @@ class KeepRule:
 
         Two tests must both pass at the per-confirmation alpha: per task (the exact sign-flip
         test over tasks, which sees the noise of each answer) and per run (each run's accuracy
-        one observation, Student t with the run-to-run variance pooled over both sides and the
-        `reference` runs, the seed bank: it sees the luck a run shares across all its tasks,
-        which the task-level test cannot). Without run-to-run degrees of freedom nothing is
-        kept."""
+        one observation, Welch's t with each side's own run-to-run spread, the incumbent's
+        pooled with the `reference` runs, the seed bank: it sees the luck a run shares across
+        all its tasks, which the task-level test cannot). Without run-to-run degrees of
+        freedom nothing is kept."""
         if not candidate_runs or not incumbent_runs:
             raise ValueError("a confirmation needs at least one fresh run on each side")
         alpha = self.budget.per_confirmation
         test = paired_exact_test(candidate_runs, incumbent_runs, alpha=0.05)
-        runs = pooled_run_test(candidate_runs, incumbent_runs, reference)
+        runs = run_level_test(candidate_runs, incumbent_runs, reference, self.own_spreads)
         keep = (alpha > 0 and test.difference.value > 0 and test.p_value <= alpha
                 and (runs.p_value <= alpha or not self.run_level))
         return ("keep" if keep else "discard"), test, runs
@@ -169,7 +174,8 @@ class KeepRule:
             "those re-runs alone favour it at the per-confirmation alpha both per task "
             "(per-task outcomes averaged over seeds; exact one-sided McNemar / sign-flip test) "
             "and per run (each run's accuracy one observation; one-sided t with the "
-            "run-to-run variance pooled over the re-runs and the baseline's seed bank). "
+            "Welch's t with each side's own run-to-run spread, the best's pooled with the "
+            "baseline's seed bank; a side with one re-run borrows the other's spread). "
             "Without confirmation budget nothing is kept. " + self.budget.describe() + " Intervals "
             "are 95%: Newcombe's score interval for one seed, a bootstrap over tasks for "
             "several. The test split is read once, for the final best against the base config."

@@ -19,7 +19,7 @@ from autoresearch.evaluation.stats import (
     detectable_gain,
     paired_difference,
     paired_exact_test,
-    pooled_run_test,
+    run_level_test,
     run_mean,
 )
 from autoresearch.rl.config import TrialConfig
@@ -90,7 +90,7 @@ def _dev_rows(trials: list[dict[str, Any]], best: dict[str, Any],
         return [["dev (runs)", _runs_cell(base), _runs_cell(base), "-"]]
     rows = []
     if kept:
-        runs = pooled_run_test(kept, base)
+        runs = run_level_test(kept, base)
         gain, over = ((runs.interval(), "over runs") if runs.df > 0 else
                       (paired_exact_test(kept, base).difference, "over tasks"))
         rows.append(["dev (runs no look selected)", _runs_cell(base), _runs_cell(kept),
@@ -279,7 +279,7 @@ def build(journal: Journal) -> list[Block]:
         dev_gain = _paired(best, baseline, "dev")
         same = baseline is not None and best["id"] == baseline["id"]
         arms = test_verdicts(trials, best["id"])
-        runs_test = pooled_run_test(*arms) if arms and min(map(len, arms)) > 1 else None
+        runs_test = run_level_test(*arms) if arms and min(map(len, arms)) > 1 else None
         if runs_test is not None:
             test_gain = runs_test.interval()
         elif arms:  # one run on a side: the runs read, paired task by task
@@ -318,8 +318,8 @@ def build(journal: Journal) -> list[Block]:
                     f"selected it) and {len(arms[1])} of the base config, the best config "
                     f"{verdict} execution accuracy relative to the baseline "
                     f"({_diff(test_gain)}, a 95% interval over runs, so it holds each run's "
-                    f"luck as well as the draws of its answers; run-to-run SD "
-                    f"{runs_test.run_sd:.3f}, {runs_test.df} df). This check cannot tell "
+                    f"luck as well as the draws of its answers; "
+                    f"{runs_test.describe_spread()}). This check cannot tell "
                     f"apart changes smaller than about {half:.3f}.")))
             else:
                 read = (f", read once for {len(arms[0])} run(s) of the best config (its "

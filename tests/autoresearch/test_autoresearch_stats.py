@@ -163,18 +163,53 @@ def _runs(accuracies: list[float], tasks: int = 40) -> list[dict[str, bool]]:
 
 
 def test_the_run_level_test_holds_without_runs_and_without_spread():
-    from autoresearch.evaluation.stats import pooled_run_test
+    from autoresearch.evaluation.stats import run_level_test
 
-    empty = pooled_run_test([], [])
+    empty = run_level_test([], [])
     assert empty.p_value == 1.0 and empty.df == 0
     # two identical runs a side (reproducible training on one seed, or plain coincidence):
     # no proof of zero spread, so a 10-point gap on 40 tasks is not certain
-    alike = pooled_run_test(_runs([0.6, 0.6]), _runs([0.5, 0.5]))
+    alike = run_level_test(_runs([0.6, 0.6]), _runs([0.5, 0.5]))
     assert alike.df == 2 and alike.run_sd > 0 and alike.p_value > 0.05
-    assert math.isclose(alike.run_sd, math.sqrt(0.55 * 0.45 / 40))
+    shrunk = (0.55 * 40 + 0.5) / 41  # the runs' mean accuracy, half a task from 0 and 1
+    assert math.isclose(alike.run_sd, math.sqrt(shrunk * (1 - shrunk) / 40))
     # a gap far beyond a run's answer noise still shows
-    clear = pooled_run_test(_runs([0.8, 0.825, 0.775]), _runs([0.5, 0.525, 0.475]))
+    clear = run_level_test(_runs([0.8, 0.825, 0.775]), _runs([0.5, 0.525, 0.475]))
     assert clear.p_value < 0.01
+    # every run at 0 (or 1): the floor keeps a width, and p stays a probability
+    nothing = run_level_test(_runs([0.0, 0.0]), _runs([0.0, 0.0]))
+    assert nothing.standard_error > 0 and nothing.p_value == 0.5
+    extremes = run_level_test(_runs([1.0, 1.0]), _runs([0.0, 0.0]))
+    assert 0 < extremes.p_value < 0.01 and math.isfinite(extremes.interval().low)
+
+
+def test_a_noisy_candidate_is_judged_by_its_own_spread():
+    """A candidate whose two runs land 40 points apart, against a steady base config and its
+    seed bank: pooling one spread over configs lets the bank's steadiness shrink the
+    candidate's noise; Welch's test keeps it (and its single degree of freedom)."""
+    from autoresearch.evaluation.stats import run_level_test
+
+    noisy, steady = _runs([0.45, 0.85], 200), _runs([0.5, 0.5], 200)
+    bank = [_runs([0.5, 0.51, 0.49, 0.5, 0.505, 0.495], 200)]
+    welch = run_level_test(noisy, steady, bank)
+    pooled = run_level_test(noisy, steady, bank, own_spreads=False)
+    assert welch.own_spread and not pooled.own_spread
+    assert math.isclose(welch.candidate_sd, 0.4 / math.sqrt(2), rel_tol=1e-9)
+    assert welch.df < 1.5 and pooled.df == 7
+    assert welch.p_value > 2 * pooled.p_value
+    width = [(t.interval().high - t.interval().low) for t in (welch, pooled)]
+    assert width[0] > width[1]
+    assert "Welch" in welch.describe_spread() and "one spread" in pooled.describe_spread()
+
+
+def test_one_candidate_run_is_judged_with_the_pooled_spread():
+    from autoresearch.evaluation.stats import run_level_test
+
+    bank = [_runs([0.5, 0.51, 0.49, 0.5, 0.505, 0.495], 200)]
+    one = run_level_test(_runs([0.6], 200), _runs([0.5, 0.52], 200), bank)
+    assert not one.own_spread and one.df == 6  # pooled: the incumbent's and the bank's
+    assert one.candidate_sd == one.run_sd
+    assert math.isclose(one.standard_error, one.run_sd * math.sqrt(1 + 1 / 2))
 
 
 def test_a_configs_accuracy_over_runs_holds_each_runs_luck():
