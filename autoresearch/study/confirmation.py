@@ -102,9 +102,9 @@ Decision = Wait | Rerun | QueueSeedBank | Verdict | RetryBaseline | StudyFailed
 
 @dataclass(frozen=True)
 class EvidenceSeeds:
-    """Seeds of a study's evidence runs, drawn from the study's own seed: another study (or the
-    same one declared with another seed) gets other seeds, so its runs are fresh evidence and
-    never the same cached runs; none is the first look's seed."""
+    """Seeds of a study's evidence runs, drawn from its journaled evidence key (its first
+    declaration: `journal.evidence_key`): another study gets other seeds, so its runs are fresh
+    evidence and never the same cached runs; none is the first look's seed."""
 
     bank: list[int]
     """The seed bank: extra runs of the base config that measure run-to-run noise."""
@@ -112,8 +112,14 @@ class EvidenceSeeds:
     """Confirmation re-runs, the same for every contender (paired by seed)."""
 
 
-def evidence_seeds(study_seed: int, base_seed: int, budget: Budget) -> EvidenceSeeds:
-    rng = random.Random(f"autoresearch-evidence-seeds:{study_seed}")
+def study_evidence_key(study_row: dict, study_seed: int) -> str | int:
+    """The journaled evidence key; a journal from before keys were journaled drew its seeds
+    from the study's `seed` alone, and keeps doing so, so its resume finds its own runs."""
+    return study_row.get("evidence_key") or study_seed
+
+
+def evidence_seeds(key: str | int, base_seed: int, budget: Budget) -> EvidenceSeeds:
+    rng = random.Random(f"autoresearch-evidence-seeds:{key}")
     drawn: list[int] = []
     while len(drawn) < max(0, budget.seed_bank - 1) + budget.confirm_seeds:
         seed = rng.randrange(1, 2**31 - 1)

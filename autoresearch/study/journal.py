@@ -26,6 +26,7 @@ so it keeps the `study` and `trials` rows it wrote in memory and reads them from
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import threading
 import time
@@ -56,6 +57,7 @@ CREATE TABLE IF NOT EXISTS trials (
     checkpoint VARCHAR, error VARCHAR, decision JSON, progress JSON
 );
 ALTER TABLE trials ADD COLUMN IF NOT EXISTS progress JSON;
+ALTER TABLE study ADD COLUMN IF NOT EXISTS evidence_key VARCHAR;
 CREATE TABLE IF NOT EXISTS steps (
     trial_id VARCHAR, phase VARCHAR, step INTEGER, time DOUBLE, reward_mean DOUBLE,
     accuracy DOUBLE, loss DOUBLE, tokens BIGINT, metrics JSON
@@ -122,6 +124,15 @@ def _decode(columns: Sequence[str], row: Sequence[Any]) -> dict[str, Any]:
 def _is_lock_error(exc: Exception) -> bool:
     text = str(exc).lower()
     return "lock" in text or "conflicting" in text or "different configuration" in text
+
+
+def evidence_key(spec: dict[str, Any]) -> str:
+    """What a new study's evidence seeds are drawn from: its first declaration, whole. Two
+    studies declared differently (another search space, name or seed) get other seed-bank and
+    confirmation seeds, so their runs are fresh evidence; the same declaration run again
+    reproduces its runs. Journaled once, so re-declaring a resumed study keeps its seeds."""
+    text = json.dumps(spec, sort_keys=True, default=str)
+    return "spec-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class Journal:
@@ -193,8 +204,9 @@ class Journal:
         with self._connect() as db:
             row = db.execute("SELECT name, spec FROM study").fetchone()
             if row is None:
-                db.execute("INSERT INTO study VALUES (?, ?, ?, ?, 'running', NULL)",
-                           [name, json.dumps(spec), now, now])
+                db.execute("INSERT INTO study (name, spec, created, updated, state, best_trial, "
+                           "evidence_key) VALUES (?, ?, ?, ?, 'running', NULL, ?)",
+                           [name, json.dumps(spec), now, now, evidence_key(spec)])
             else:
                 if row[0] != name:
                     raise ValueError(f"{self.path} belongs to study {row[0]!r}, not {name!r}")

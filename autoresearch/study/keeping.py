@@ -19,6 +19,7 @@ from autoresearch.study.confirmation import (
     against_warmup,
     evidence_seeds,
     next_decision,
+    study_evidence_key,
     warmup_of,
 )
 from autoresearch.study.decision_text import decision_text
@@ -50,7 +51,8 @@ class KeepRuleJournal:
     def decide(self) -> None:
         """Decide finished trials, in order, until one has to wait; raises
         `DecisionsImpossible` when nothing can ever be decided."""
-        seeds = evidence_seeds(self.study.seed, self._base().seed, self.study.budget)
+        key = study_evidence_key(self.journal.study(), self.study.seed)
+        seeds = evidence_seeds(key, self._base().seed, self.study.budget)
         while True:
             decision = next_decision(self.journal.trials(), self.journal.study()["best_trial"],
                                      self.rule, self.study.budget, seeds)

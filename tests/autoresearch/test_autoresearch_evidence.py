@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from autoresearch.rl.config import TrialConfig
-from autoresearch.study.confirmation import evidence_seeds
+from autoresearch.study.confirmation import evidence_seeds, study_evidence_key
 from autoresearch.study.journal import Journal
 from autoresearch.study.proposers import Proposal, ProposalBatch
 from autoresearch.study.runner import run_study
@@ -23,6 +23,31 @@ def _better(config: TrialConfig) -> float:
     return 0.7 if config.rl.adam.learning_rate == 2e-4 else 0.3
 
 
+def _bank_seeds(study: Study, directory: Path) -> set[int]:
+    run_study(study, directory, executor=SyntheticExecutor(lambda c: 0.3, tasks=32))
+    return {t["seed"] for t in Journal(directory, read_only=True).trials()
+            if t["role"] in ("bank", "confirm")}
+
+
+def test_two_studies_on_the_same_base_draw_other_evidence_seeds(tmp_path: Path):
+    """Studies differing in name (or anything else they declare) run their seed bank on other
+    seeds, though both keep the default `seed: 0`; the same declaration run again in another
+    directory reproduces its seeds."""
+    budget = {"max_trials": 2, "confirm_seeds": 2, "max_confirm_trials": 4, "seed_bank": 3}
+    first = Study(name="first", search_space=SPACE, budget=budget)
+    second = Study(name="second", search_space=SPACE, budget=budget)
+    one, other = _bank_seeds(first, tmp_path / "a"), _bank_seeds(second, tmp_path / "b")
+    assert one and other and not one & other
+    assert _bank_seeds(first, tmp_path / "again") == one
+
+
+def test_a_journal_without_an_evidence_key_keeps_its_seeds_from_the_study_seed():
+    """Journals written before the key was journaled resume on the seeds they started with."""
+    assert study_evidence_key({"evidence_key": None}, 7) == 7
+    assert study_evidence_key({}, 7) == 7
+    assert study_evidence_key({"evidence_key": "spec-abc"}, 7) == "spec-abc"
+
+
 def test_the_seed_bank_runs_the_base_config_on_the_studys_own_seeds(tmp_path: Path):
     study = Study(name="bank", seed=7, search_space=SPACE,
                   budget={"max_trials": 2, "confirm_seeds": 2, "max_confirm_trials": 4,
@@ -31,7 +56,8 @@ def test_the_seed_bank_runs_the_base_config_on_the_studys_own_seeds(tmp_path: Pa
     journal = Journal(tmp_path, read_only=True)
     trials = journal.trials()
     bank = [t for t in trials if t["role"] == "bank"]
-    seeds = evidence_seeds(7, study.base_trial.seed, study.budget)
+    seeds = evidence_seeds(study_evidence_key(journal.study(), 7), study.base_trial.seed,
+                           study.budget)
     assert sorted(t["seed"] for t in bank) == sorted(seeds.bank) and len(bank) == 2
     assert all(t["config_key"] == outcome.baseline["config_key"] for t in bank)
     confirms = [t for t in trials if t["role"] == "confirm"]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from autoresearch.rl.config import TrialConfig
-from autoresearch.study.confirmation import evidence_seeds
+from autoresearch.study.confirmation import evidence_seeds, study_evidence_key
 from autoresearch.study.decisions import ErrorBudget, KeepRule
 from autoresearch.study.journal import Journal
 from autoresearch.study.runner import run_study
@@ -106,7 +106,8 @@ def test_a_study_of_seed_noise_keeps_only_the_baseline_and_says_why(tmp_path: Pa
     decisions = journal.decisions()
     confirmations = [d for d in decisions if d["rule"] == "confirmation"]
     if confirms:  # re-runs use the study's own fresh seeds of the very same configs
-        seeds = evidence_seeds(study.seed, study.base_trial.seed, study.budget)
+        key = study_evidence_key(journal.study(), study.seed)
+        seeds = evidence_seeds(key, study.base_trial.seed, study.budget)
         assert {t["seed"] for t in confirms} <= set(seeds.confirm)
         assert all(t["replicate_of"] for t in confirms) and confirmations
         assert len(confirms) <= 8

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from autoresearch.cli import main
-from autoresearch.study.confirmation import evidence_seeds
+from autoresearch.study.confirmation import evidence_seeds, study_evidence_key
 from autoresearch.study.journal import Journal
 from autoresearch.study.runner import resume_study, run_study
 from autoresearch.study.spec import Study
@@ -80,7 +80,8 @@ def test_a_promising_candidate_is_re_run_with_new_seeds_before_it_is_kept(tmp_pa
     assert [t["role"] for t in trials.values()][:4] == ["baseline", "bank", "bank", "explore"]
     candidate = next(t["id"] for t in trials.values() if t["role"] == "explore")
     confirms = [t for t in trials.values() if t["role"] == "confirm"]
-    seeds = evidence_seeds(study.seed, 1, study.budget)  # the study's own fresh seeds
+    key = study_evidence_key(journal.study(), study.seed)
+    seeds = evidence_seeds(key, 1, study.budget)  # the study's own fresh seeds
     assert sorted((t["replicate_of"], t["seed"]) for t in confirms) == sorted(
         (trial, seed) for trial in ("t0001", candidate) for seed in seeds.confirm)
     bank = [t for t in trials.values() if t["role"] == "bank"]
