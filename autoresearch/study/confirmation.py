@@ -342,6 +342,22 @@ def test_warmup(trials: Sequence[Trial]) -> list[Trial]:
     return [warmup] if warmup is not None and warmup.get("checkpoint") else []
 
 
+def test_reads(trials: Sequence[Trial], best_id: str) -> list[Trial]:
+    """Every run the study's one read of the test split covers: both test arms; the base
+    config's other runs (seed bank, re-runs) when nothing was kept, so that the base config
+    meets the warm-up on test with runs as the unit, as on dev; and the warm-up itself."""
+    kept, base = test_arms(trials, best_id)
+    best = next(t for t in trials if t["id"] == best_id)
+    if not base and best["role"] == "baseline":
+        base = config_runs(trials, best["config_key"], ("baseline", "bank", "confirm"),
+                           lambda t: t["status"] in FINISHED and bool(t.get("checkpoint")))
+    reads: list[Trial] = []
+    for row in [*kept, *base, *test_warmup(trials)]:
+        if all(row["id"] != r["id"] for r in reads):
+            reads.append(row)
+    return reads
+
+
 def test_verdicts(trials: Sequence[Trial], best_id: str
                   ) -> tuple[list[Verdicts], list[Verdicts]] | None:
     """Test verdicts of the runs read for each arm (`test_arms`): the best config's and the base

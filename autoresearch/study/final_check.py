@@ -1,5 +1,5 @@
 """The study's one read of the test split (and the transfer split beside it): for the runs
-`confirmation.test_arms` names, each evaluated from its checkpoint on the same test tasks, with
+`confirmation.test_reads` names, each evaluated from its checkpoint on the same test tasks, with
 the plan journaled first so that a resumed study finishes that read and never starts another.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.record import TrialRecord
 from autoresearch.rl.trial import TrialResult
-from autoresearch.study.confirmation import test_arms, test_warmup
+from autoresearch.study.confirmation import test_reads
 from autoresearch.study.executors.base import TrialJob
 from autoresearch.study.journal import Journal
 from autoresearch.study.spec import Study
@@ -23,7 +23,8 @@ RunJob = Callable[[TrialJob], TrialResult]
 def read_test_once(study: Study, journal: Journal, directory: Path, run: RunJob,
                    say: Callable[[str, str], None]) -> None:
     """Read the test split once, for the kept config's fresh re-runs, the base config's runs
-    and the warm-up they forked from (so that whether RL beat it is measured on test too);
+    and the warm-up they forked from (`confirmation.test_reads`: whether RL beat the warm-up is
+    measured on test too, with runs as the unit);
     `say(key, message)` tells the user, once, why a resume reads nothing new."""
     tasks = study.base_trial.eval.test_tasks
     best_id = journal.study()["best_trial"]
@@ -40,8 +41,7 @@ def read_test_once(study: Study, journal: Journal, directory: Path, run: RunJob,
         contenders = [journal.trial(i) for i in ids]
     else:
         trials = journal.trials()
-        kept, base = test_arms(trials, best_id)
-        contenders = kept + base + test_warmup(trials)
+        contenders = test_reads(trials, best_id)
         journal.event("test plan", "the test split is read once, for "
                       + ", ".join(c["id"] for c in contenders),
                       trials=[c["id"] for c in contenders])

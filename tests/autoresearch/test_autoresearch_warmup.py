@@ -9,6 +9,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from autoresearch.rl.config import TrialConfig
 from autoresearch.study.journal import Journal
 from autoresearch.study.report import write_report
 from autoresearch.study.runner import resume_study, run_study
@@ -199,3 +200,30 @@ def test_every_trial_is_compared_with_the_warmup_and_the_report_says_when_rl_mad
     assert re.search(r"On the test split, read once with the warm-up beside them: With runs "
                      r"as the unit, the base config's RL .* the warm-up \(warmup\): mean test "
                      r"accuracy", report)
+
+
+def test_with_nothing_kept_the_seed_bank_meets_the_warmup_on_test_with_runs_as_the_unit(
+        tmp_path: Path):
+    """The single test read covers the base config's seed bank when no change was kept, so
+    the sentence about RL against the warm-up is over runs on test as on dev."""
+    def quality(config: TrialConfig) -> float:  # the warm-up; the base config; any change
+        if config.rl.steps == 0:
+            return 0.6
+        return 0.2 if config.rl.adam.learning_rate == TrialConfig().rl.adam.learning_rate else 0.05
+
+    executor = SyntheticExecutor(quality, tasks=96)
+    study = Study(name="bank-on-test", search_space=LR,
+                  base_trial={"sft": {"steps": 0}, "rl": {"steps": 4}, "eval": {"every": 0}},
+                  warmup={"sft": {"steps": 3, "batch_size": 4},
+                          "cache_dir": str(tmp_path / "cache")},
+                  budget={"max_trials": 3, "confirm_seeds": 1, "max_confirm_trials": 2,
+                          "seed_bank": 3})
+    outcome = run_study(study, tmp_path / "a", executor=executor)
+    journal = Journal(tmp_path / "a", read_only=True)
+    assert outcome.best["role"] == "baseline"
+    base_runs = [t for t in journal.trials() if t["role"] in ("baseline", "bank")]
+    assert len(base_runs) == 3 and all(t["test"] for t in base_runs)
+    plan = next(e for e in journal.events() if e["kind"] == "test plan")
+    assert plan["data"]["trials"] == [t["id"] for t in base_runs] + ["warmup"]
+    assert re.search(r"On the test split, read once with the warm-up beside them: .*mean test "
+                     r"accuracy 0\.\d{3} over 3 run\(s\)", outcome.report.read_text())
