@@ -77,6 +77,16 @@ def _runs_cell(runs: list) -> str:
     return f"{est.value:.3f} [{est.low:.3f}, {est.high:.3f}] ({what})"
 
 
+def _base_test_runs(trials: list[dict[str, Any]], best: dict[str, Any]) -> list:
+    """Test verdicts of the best config's runs that the test read covered (with nothing kept:
+    the baseline and its seed bank), for a test row with runs as the unit."""
+    def read(t: dict[str, Any]) -> bool:
+        return bool((t.get("test") or {}).get("verdicts"))
+
+    return [t["test"]["verdicts"] for t in config_runs(
+        trials, best["config_key"], ("baseline", "bank", "confirm"), read)]
+
+
 def _dev_rows(trials: list[dict[str, Any]], best: dict[str, Any],
               baseline: dict[str, Any] | None, same: bool,
               first_look: Estimate | None) -> list[list[str]]:
@@ -300,6 +310,8 @@ def build(journal: Journal) -> list[Block]:
         elif arms:
             test_row = ["test (runs read)", _mean_acc(arms[1]), _mean_acc(arms[0]),
                         _diff(test_gain) + " over tasks"]
+        elif same and len(base_test := _base_test_runs(trials, best)) > 1:
+            test_row = ["test (runs)", _runs_cell(base_test), _runs_cell(base_test), "-"]
         else:
             test_row = ["test", _acc(baseline, "test"), _acc(best, "test"),
                         "-" if same else _diff(test_gain)]

@@ -225,5 +225,7 @@ def test_with_nothing_kept_the_seed_bank_meets_the_warmup_on_test_with_runs_as_t
     assert len(base_runs) == 3 and all(t["test"] for t in base_runs)
     plan = next(e for e in journal.events() if e["kind"] == "test plan")
     assert plan["data"]["trials"] == [t["id"] for t in base_runs] + ["warmup"]
+    report = outcome.report.read_text()
     assert re.search(r"On the test split, read once with the warm-up beside them: .*mean test "
-                     r"accuracy 0\.\d{3} over 3 run\(s\)", outcome.report.read_text())
+                     r"accuracy 0\.\d{3} over 3 run\(s\)", report)
+    assert re.search(r"\| test \(runs\) \| 0\.\d{3} \[.*\] \(mean of 3 runs\) \|", report)
