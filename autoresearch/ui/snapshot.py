@@ -23,7 +23,8 @@ from autoresearch.study.space import config_diff
 
 TRIAL_COLUMNS = ("id, number, role, status, proposer, rationale, changes, config, "
                  "diff_vs_best, created, started, finished, attempts, dev_accuracy, dev_low, "
-                 "dev_high, dev_n, test_accuracy, steps, tokens, wall_seconds, checkpoint, error")
+                 "dev_high, dev_n, test_accuracy, steps, tokens, wall_seconds, checkpoint, error, "
+                 "directory")
 
 
 @dataclass

@@ -38,9 +38,16 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+def _saved_a_checkpoint(directory: Path, trial: dict) -> bool:
+    """Has the trial recorded a checkpoint it can be resumed from? A step is journaled a moment
+    before its checkpoint is saved; a stop in between rightly starts that trial over."""
+    return bool(trial.get("directory")) and bool(
+        TrialRecord(directory / trial["directory"]).of_type("checkpoint"))
+
+
 def _stop_mid_trial(args: list[str], directory: Path, log: Path, signum: int) -> tuple[int, str]:
-    """Start the CLI in its own process group, wait until a trial has journaled a step, then
-    signal the whole group as a terminal's Ctrl-C does."""
+    """Start the CLI in its own process group, wait until a running trial has journaled a step
+    and saved a checkpoint, then signal the whole group as a terminal's Ctrl-C does."""
     with open(log, "wb") as out:
         process = subprocess.Popen([sys.executable, "-m", "autoresearch", *args], cwd=REPO,
                                    env=_env(), stdout=out, stderr=subprocess.STDOUT,
@@ -52,7 +59,8 @@ def _stop_mid_trial(args: list[str], directory: Path, log: Path, signum: int) ->
                 assert time.monotonic() < deadline, "no trial journaled a step"
                 snapshot = read_snapshot(directory, lock_timeout=0.5)
                 if snapshot and any(t["status"] == "running" and (t["progress"] or {}).get(
-                        "step", 0) >= 1 for t in snapshot.trials):
+                        "step", 0) >= 1 and _saved_a_checkpoint(directory, t)
+                        for t in snapshot.trials):
                     break
                 time.sleep(0.2)
             started = time.monotonic()
