@@ -37,14 +37,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_rl_step import rollout_data, sample_jobs  # noqa: E402
-from bench_roofline import TRAIN_WIDTH, Shapes, roofline  # noqa: E402
-from bench_sft_step import sft_batches  # noqa: E402
+from bench_roofline import Shapes  # noqa: E402
+from bench_sft_step import embedded_engine, sft_batches  # noqa: E402
 
 from autoresearch.evaluation.evaluate import prompt_tokens  # noqa: E402
 from server.engine.engine import AdamParams, Engine, ForwardBackwardJob  # noqa: E402
 from server.engine.lora import LoraSpec  # noqa: E402
 from server.engine.loss_positions import loss_positions  # noqa: E402
-from server.engine.model_loading import load_base_model  # noqa: E402
 from server.protocol.codec import Datum  # noqa: E402
 from sqltasks import SchemaView, load_corpus  # noqa: E402
 
@@ -133,15 +132,8 @@ def main() -> None:
     args = parser.parse_args()
 
     started = time.time()
-    loaded = load_base_model(None, "cpu", None)
-    engine = Engine(loaded)
-    shapes = Shapes.of(engine.model.config)
-    print(f"model {engine.model_name} on cpu/{engine.dtype} ({loaded.dtype_reason}); "
-          f"batch invariant {engine.batch_invariant}; threads {torch.get_num_threads()}; "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
-    peak = roofline(shapes, TRAIN_WIDTH, engine.dtype, engine.device, True)
-    print(f"matmul roofline at training width M={TRAIN_WIDTH} (+head), {engine.dtype}: "
-          f"{peak / 1e9:.1f} GFLOP/s", flush=True)
+    engine, shapes, peak = embedded_engine()
+    print(f"batch invariant {engine.batch_invariant}", flush=True)
 
     phases = {
         "SFT": ("cross_entropy", sft_batches(engine, args.steps, args.batch, args.sample_rows,

@@ -97,6 +97,21 @@ def run_way(engine: Engine, state, data: list[Datum], way: str):
     return seconds, result.outputs, result.metrics["loss:sum"]
 
 
+def embedded_engine(describe: str = "") -> tuple[Engine, Shapes, float]:
+    """The embedded model on the CPU, its shapes and this machine's matmul rate at training
+    width (measured now, so every ratio is against the same run), both printed."""
+    loaded = load_base_model(None, "cpu", None)
+    engine = Engine(loaded)
+    shapes = Shapes.of(engine.model.config)
+    print(f"model {engine.model_name} on cpu/{engine.dtype} ({loaded.dtype_reason}); "
+          f"{describe}threads {torch.get_num_threads()}; "
+          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    peak = roofline(shapes, TRAIN_WIDTH, engine.dtype, engine.device, True)
+    print(f"matmul roofline at training width M={TRAIN_WIDTH} (+head), {engine.dtype}: "
+          f"{peak / 1e9:.1f} GFLOP/s", flush=True)
+    return engine, shapes, peak
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=3)
@@ -107,14 +122,7 @@ def main() -> None:
     args = parser.parse_args()
 
     started = time.time()
-    loaded = load_base_model(None, "cpu", None)
-    engine = Engine(loaded)
-    shapes = Shapes.of(engine.model.config)
-    print(f"model {engine.model_name} on cpu/{engine.dtype} ({loaded.dtype_reason}); threads "
-          f"{torch.get_num_threads()}; load average {os.getloadavg()[0]:.2f}", flush=True)
-    peak = roofline(shapes, TRAIN_WIDTH, engine.dtype, engine.device, True)
-    print(f"matmul roofline at training width M={TRAIN_WIDTH} (+head), {engine.dtype}: "
-          f"{peak / 1e9:.1f} GFLOP/s", flush=True)
+    engine, shapes, peak = embedded_engine()
 
     state = engine.create_run(LoraSpec(rank=16), seed=args.seed)
     batches = sft_batches(engine, args.steps, args.batch, args.sample_rows,

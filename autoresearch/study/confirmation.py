@@ -303,15 +303,17 @@ def test_arms(trials: Sequence[Trial], best_id: str) -> tuple[list[Trial], list[
     empty): there is no change to check."""
     best = next(t for t in trials if t["id"] == best_id)
     baseline = next((t for t in trials if t["role"] == "baseline"), None)
-
-    def finished(t: Trial) -> bool:
-        return t["status"] in FINISHED and bool(t.get("checkpoint"))
-
     if baseline is None or best_id == baseline["id"]:
         return [best], []
-    kept = config_runs(trials, best["config_key"], ("confirm",), finished) or [best]
-    base = config_runs(trials, baseline["config_key"], ("baseline", "bank", "confirm"), finished)
+    kept = config_runs(trials, best["config_key"], ("confirm",), _evaluable) or [best]
+    base = config_runs(trials, baseline["config_key"], ("baseline", "bank", "confirm"),
+                       _evaluable)
     return kept, base
+
+
+def _evaluable(t: Trial) -> bool:
+    """A finished run with a checkpoint the test split can be read from."""
+    return t["status"] in FINISHED and bool(t.get("checkpoint"))
 
 
 def dev_arms(trials: Sequence[Trial], best_id: str) -> tuple[list[Verdicts], list[Verdicts]]:
@@ -350,7 +352,7 @@ def test_reads(trials: Sequence[Trial], best_id: str) -> list[Trial]:
     best = next(t for t in trials if t["id"] == best_id)
     if not base and best["role"] == "baseline":
         base = config_runs(trials, best["config_key"], ("baseline", "bank", "confirm"),
-                           lambda t: t["status"] in FINISHED and bool(t.get("checkpoint")))
+                           _evaluable)
     reads: list[Trial] = []
     for row in [*kept, *base, *test_warmup(trials)]:
         if all(row["id"] != r["id"] for r in reads):

@@ -77,14 +77,14 @@ def _runs_cell(runs: list) -> str:
     return f"{est.value:.3f} [{est.low:.3f}, {est.high:.3f}] ({what})"
 
 
-def _base_test_runs(trials: list[dict[str, Any]], best: dict[str, Any]) -> list:
-    """Test verdicts of the best config's runs that the test read covered (with nothing kept:
-    the baseline and its seed bank), for a test row with runs as the unit."""
-    def read(t: dict[str, Any]) -> bool:
-        return bool((t.get("test") or {}).get("verdicts"))
+def _scored_runs(trials: list[dict[str, Any]], config_key: str, split: str) -> list:
+    """`split` verdicts of a base-like config's finished runs (baseline, seed bank, re-runs):
+    the runs a sentence or row with runs as the unit is over."""
+    def scored(t: dict[str, Any]) -> bool:
+        return t["status"] in FINISHED and bool((t.get(split) or {}).get("verdicts"))
 
-    return [t["test"]["verdicts"] for t in config_runs(
-        trials, best["config_key"], ("baseline", "bank", "confirm"), read)]
+    return [t[split]["verdicts"] for t in config_runs(
+        trials, config_key, ("baseline", "bank", "confirm"), scored)]
 
 
 def _dev_rows(trials: list[dict[str, Any]], best: dict[str, Any],
@@ -191,12 +191,8 @@ def _base_runs_against_warmup(trials: list[dict[str, Any]], split: str = "dev") 
     start = ((warmup or {}).get(split) or {}).get("verdicts")
     if not start:
         return ""
-    def scored(t: dict[str, Any]) -> bool:
-        return t["status"] in FINISHED and bool((t.get(split) or {}).get("verdicts"))
-
-    runs = [{k: v for k, v in t[split]["verdicts"].items() if k in start}
-            for t in config_runs(trials, baseline["config_key"],
-                                 ("baseline", "bank", "confirm"), scored)]
+    runs = [{k: v for k, v in verdicts.items() if k in start}
+            for verdicts in _scored_runs(trials, baseline["config_key"], split)]
     runs = [r for r in runs if r]
     if not runs:
         return ""
@@ -310,7 +306,7 @@ def build(journal: Journal) -> list[Block]:
         elif arms:
             test_row = ["test (runs read)", _mean_acc(arms[1]), _mean_acc(arms[0]),
                         _diff(test_gain) + " over tasks"]
-        elif same and len(base_test := _base_test_runs(trials, best)) > 1:
+        elif same and len(base_test := _scored_runs(trials, best["config_key"], "test")) > 1:
             test_row = ["test (runs)", _runs_cell(base_test), _runs_cell(base_test), "-"]
         else:
             test_row = ["test", _acc(baseline, "test"), _acc(best, "test"),
