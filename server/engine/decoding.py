@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from server.engine import fused_head
+
 _MASK32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9
 
@@ -119,7 +121,7 @@ def choose(
 
     Over a 262k vocabulary every pass over `[rows, vocabulary]` costs about as much as a tenth of
     the output head's matmul, so the common case (no top-p) makes five: scale, max with argmax,
-    exp, block sums, and the fused log-softmax the logprob is read from (the trainer's kernel,
+    exp, block sums, and the blocked normaliser the logprob is read from (the trainer's blocks,
     so the two agree to the bit). Top-k uses `topk`; only a top-p < 1 sorts.
     """
     vocab = logits.shape[-1]
@@ -157,10 +159,11 @@ def choose(
 
 
 def _logprob(values: torch.Tensor, picks: torch.Tensor) -> torch.Tensor:
-    """Each row's pick under `log_softmax(values)`: the trainer's own formula (a row-wise kernel
-    whose bits do not depend on the row count), so at temperature 1 without top-k or top-p the
-    trainer gives a sampled token the sampler's logprob bit for bit."""
-    return torch.log_softmax(values, -1).gather(-1, picks[:, None])[:, 0]
+    """Each row's pick under `log_softmax(values)` by the trainer's own blocks and formula
+    (`fused_head.picked_logprob`, row-wise, so its bits do not depend on the row count): at
+    temperature 1 without top-k or top-p the trainer gives a sampled token the sampler's
+    logprob bit for bit."""
+    return fused_head.picked_logprob(values, picks)
 
 
 def _inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:

@@ -121,6 +121,11 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
         """`forward_backward` runs the output head only at positions its loss reads
         (`loss_positions`) and returns 0.0 elsewhere; off: every position is scored, as before
         (kept as the reference a benchmark and the tests compare with)."""
+        self.fused_head_pass = True
+        """The output head scores one vocabulary block at a time (`fused_head`); off: each
+        chunk's full `[positions, vocabulary]` fp32 logits, log-softmax and gather, checkpointed
+        (the earlier computation, kept as the reference a benchmark and the tests compare with;
+        its bits differ from the sampler's)."""
         self.first_token_from_scoring = True
         """A one-token request that also asks for its prompt's logprobs (`compute_logprobs`)
         draws its token from the scoring forward under invariance; off: a second prefill, as

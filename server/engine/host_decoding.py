@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from server.engine import fused_head
+
 
 def row_generators(
     seeds: Sequence[int | None], counts: Sequence[int], firsts: Sequence[int] | None = None
@@ -40,7 +42,7 @@ def choose(
     for temperature, top_k, top_p, first, stop in blocks:
         block = logits[first:stop].float().cpu()
         if temperature == 0:
-            logp = torch.log_softmax(block, -1)
+            logp = fused_head.log_softmax(block)
             picks = block.argmax(-1)
         else:
             scaled = block / temperature
@@ -54,7 +56,7 @@ def choose(
                 drop = probs.cumsum(-1) - probs > top_p
                 sorted_logits = sorted_logits.masked_fill(drop, -math.inf)
                 filtered = torch.full_like(filtered, -math.inf).scatter(-1, order, sorted_logits)
-            logp = torch.log_softmax(filtered, -1)  # the distribution drawn from
+            logp = fused_head.log_softmax(filtered)  # the distribution drawn from
             cdf = torch.softmax(filtered, -1).cumsum(-1)
             uniform = torch.tensor(
                 [

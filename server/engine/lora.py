@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from server.engine import invariance
+from server.engine import fused_head, invariance
 
 ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -185,6 +185,8 @@ class MultiLoRALinear(nn.Module):
 
         A half-precision base layer under fp32 activations (`model_loading.low_precision_
         matmuls`) multiplies `x` cast down and gives its output back in `x`'s dtype."""
+        if self.out_dtype is not None:
+            return self._head_2d(x, per_row)
         weight, bias = self.base.weight, self.base.bias
         if x.dtype == weight.dtype:
             out = invariance.linear(x, weight, bias)
@@ -204,6 +206,25 @@ class MultiLoRALinear(nn.Module):
         if len(routed) == 1 and routed[0].start == 0 and routed[0].stop == x.shape[0]:
             return (out + self._delta(x, routed[0].adapter)).to(final)
         return self._grouped(x, out, routed).to(final)
+
+    def _head_2d(self, x: torch.Tensor, per_row: int) -> torch.Tensor:
+        """The output head's fp32 logits, one vocabulary block at a time (`fused_head`): the
+        blocks, and so the bits, that training's fused head computes for the same rows."""
+        plan = _ROUTING.get()
+        routed = [] if plan is None else [
+            RowGroup(g.adapter, g.start * per_row, g.stop * per_row) for g in plan.routed
+        ]
+        deltas = fused_head.head_deltas(routed, self.name)
+        lows = fused_head.low_rank(x, deltas)
+        weight = self.base.weight
+        blocks = fused_head.vocab_blocks(weight.shape[0])
+        if torch.is_grad_enabled():
+            return torch.cat([fused_head.block_logits(x, weight, a, b, deltas, lows)
+                              for a, b in blocks], -1)
+        out = torch.empty((x.shape[0], weight.shape[0]), dtype=torch.float32, device=x.device)
+        for a, b in blocks:
+            out[:, a:b] = fused_head.block_logits(x, weight, a, b, deltas, lows)
+        return out
 
     def _grouped(self, x: torch.Tensor, out: torch.Tensor, routed: list[RowGroup]) -> torch.Tensor:
         """Each group's delta from its own rows and its own adapter only (a segmented product);

@@ -1,9 +1,9 @@
 """Log-probabilities through the vocabulary-wide output head, a chunk of positions at a time.
 
-Gemma's output head (262k tokens) costs more than the whole body of a small model, and its
-`[positions, vocabulary]` tensors are about 1 MiB per position each. Every path that scores
-tokens (training's losses, packed rows, prompt logprobs) goes through here, so each position's
-log-softmax is computed once, in chunks, and recomputed in backward instead of kept.
+Gemma's output head (262k tokens) costs more than the whole body of a small model. Every path
+that scores tokens (training's losses, packed rows, prompt logprobs) goes through here, so each
+position is scored once, in chunks of positions, each chunk through the fused head
+(`fused_head`: a vocabulary block at a time, recomputed in backward instead of kept).
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from server.engine import invariance
+from server.engine import fused_head, invariance
 from server.engine.invariant_attention import take_columns
-from server.engine.lora import RowGroup, routing
+from server.engine.lora import MultiLoRALinear, Routing, RowGroup, routing
 
 HEAD_CHUNK = 512
-"""Positions per output-head chunk (bounds the vocabulary-wide tensors: about 1 MiB per
-position each on Gemma's 262k vocabulary)."""
+"""Positions per output-head chunk: each chunk reads the head's weight once, and a vocabulary
+block's fp32 tensors are `HEAD_CHUNK x fused_head.VOCAB_BLOCK` (32 MiB)."""
 UNSCORED_TARGET = -1
 """An internal scoring job's target at a position nobody asked about: the pair is dropped, and
 a position no pair reads skips the output head. Users' targets are checked against the
@@ -27,30 +27,29 @@ vocabulary, so theirs never carry it."""
 class HeadScoring:
     """Mixin of `Engine`: scoring through the (LoRA-routed, soft-capped) output head."""
 
-    _head: torch.nn.Module
+    _head: MultiLoRALinear
     _body: torch.nn.Module
     _softcap: float | None
     device: torch.device
+    fused_head_pass: bool
 
     # ------------------------------------------------------------- training
     def _head_logprobs(
         self, hidden: torch.Tensor, targets: torch.Tensor, groups: list[RowGroup]
     ) -> torch.Tensor:
-        """log p(target) from final hidden states, through the (LoRA-routed) output head.
-
-        `log_softmax` then `gather`: one fused pass each way over the vocabulary, where
-        `gather - logsumexp` makes several (about 1.6x the time for the same peak memory).
-        """
-        return torch.gather(self._vocab_logprobs(hidden, groups), -1, targets)
+        """log p(target) for `[P, K]` targets from `[P, H]` final hidden states, through the
+        (LoRA-routed, soft-capped) output head a vocabulary block at a time (`fused_head`)."""
+        positions, depth = targets.shape
+        pos = torch.arange(positions, device=targets.device).repeat_interleave(depth)
+        return self._gather_head(hidden, pos, targets.reshape(-1), groups).view(positions, depth)
 
     def _vocab_logprobs(self, hidden: torch.Tensor, groups: list[RowGroup]) -> torch.Tensor:
-        """Log-softmax over the vocabulary of the (LoRA-routed, soft-capped) output head: the
-        formula `decoding.choose` reports a sampled token's logprob with."""
+        """Log-softmax over the whole vocabulary (for top-k prompt logprobs), from the head's
+        blocked fp32 logits and normalised by the same blocks as training and sampling."""
         with routing(groups):
-            logits = self._head(hidden).float()
-        if self._softcap:
-            logits = torch.tanh(logits / self._softcap) * self._softcap
-        return torch.log_softmax(logits, dim=-1)
+            logits = fused_head.soft_cap(self._head(hidden), self._softcap)
+        flat = logits.reshape(-1, logits.shape[-1])
+        return fused_head.log_softmax(flat).view(logits.shape)
 
     def _target_logprobs(
         self,
@@ -102,12 +101,8 @@ class HeadScoring:
     def _picked_logprobs(
         self, hidden: torch.Tensor, targets: torch.Tensor, groups: list[RowGroup]
     ) -> torch.Tensor:
-        """`_head_logprobs` with gradients for `[P, H]` positions, a chunk of them at a time.
-
-        Each chunk's vocabulary-wide logits are recomputed in backward instead of kept, so
-        memory holds one chunk's `[chunk, V]` tensors rather than every position's (for
-        Gemma's 262k vocabulary, about 1 MiB per position per tensor).
-        """
+        """`_head_logprobs` for `[P, H]` positions, `HEAD_CHUNK` of them at a time (each chunk
+        reads the head's weight once; its blocks' tensors stay one chunk wide)."""
         positions = hidden.shape[0]
         if positions <= HEAD_CHUNK:
             return self._head_logprobs(hidden, targets, groups)
@@ -119,11 +114,7 @@ class HeadScoring:
                 for g in groups
                 if g.start < stop and g.stop > first
             ]
-            parts.append(
-                invariance.checkpoint(
-                    self._head_logprobs, hidden[first:stop], targets[first:stop], local
-                )
-            )
+            parts.append(self._head_logprobs(hidden[first:stop], targets[first:stop], local))
         return torch.cat(parts)
 
     def _subset_logprobs(
@@ -151,7 +142,6 @@ class HeadScoring:
             remap[pos[on_subset]],
             tgt[on_subset],
             groups,
-            checkpointed=with_grad,
         )
         index = on_subset.nonzero(as_tuple=True)[0].to(self.device)
         return torch.index_put(values, (index,), scored)
@@ -162,12 +152,11 @@ class HeadScoring:
         pos: torch.Tensor,
         targets: torch.Tensor,
         groups: list[RowGroup],
-        checkpointed: bool,
     ) -> torch.Tensor:
         """log p(targets[m] | position pos[m]) for `[P, H]` positions, HEAD_CHUNK at a time.
 
-        Each position's vocabulary-wide log-softmax is computed once however many targets read
-        it. With `checkpointed`, a chunk's logits are recomputed in backward instead of kept.
+        Each position's vocabulary-wide normaliser is computed once however many targets read
+        it; backward recomputes a chunk's logits block by block instead of keeping them.
         """
         order = torch.argsort(pos, stable=True)
         pos_sorted, tgt_sorted = pos[order], targets[order]
@@ -189,12 +178,7 @@ class HeadScoring:
                 tgt_sorted[a:b].to(self.device),
                 local,
             )
-            if checkpointed:
-                parts.append(
-                    invariance.checkpoint(self._gather_head, *args)
-                )
-            else:
-                parts.append(self._gather_head(*args))
+            parts.append(self._gather_head(*args))
         values = torch.cat(parts)
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(len(order))
@@ -203,11 +187,31 @@ class HeadScoring:
     def _gather_head(
         self, hidden: torch.Tensor, pos: torch.Tensor, targets: torch.Tensor, groups: list[RowGroup]
     ) -> torch.Tensor:
-        """Log-softmax over the vocabulary for `hidden`, read at `(pos, targets)` pairs.
+        """log p(targets[m] | hidden[pos[m]]) through the (LoRA-routed, soft-capped) output head,
+        fused per vocabulary block: no `[positions, vocabulary]` tensor in forward or backward,
+        and repeated pairs (samples of one prompt sharing a first token) add their gradients in
+        index order."""
+        deltas = fused_head.head_deltas(list(Routing(groups).routed), self._head.name)
+        if not self.fused_head_pass:
+            if torch.is_grad_enabled():
+                return invariance.checkpoint(self._plain_head, hidden, pos, targets, deltas)
+            return self._plain_head(hidden, pos, targets, deltas)
+        return fused_head.fused_logprobs(
+            hidden, pos, targets, self._head.base.weight, self._softcap, deltas
+        )
 
-        Samples of one prompt often share their first token, so a pair can repeat: read as the
-        attention views read repeated keys (`take_columns`), whose backward adds repeats in
-        index order rather than with advanced indexing's parallel atomic adds."""
-        logprobs = self._vocab_logprobs(hidden, groups)
+    def _plain_head(
+        self,
+        hidden: torch.Tensor,
+        pos: torch.Tensor,
+        targets: torch.Tensor,
+        deltas: list[fused_head.HeadDelta],
+    ) -> torch.Tensor:
+        """The reference head (`fused_head_pass=False`): the whole vocabulary as one block, so
+        `[positions, vocabulary]` fp32 logits, their delta add, soft cap and log-softmax are
+        all materialised, then read at the pairs (repeats in index order, `take_columns`)."""
+        weight = self._head.base.weight
+        lows = fused_head.low_rank(hidden, deltas)
+        logits = fused_head.block_logits(hidden, weight, 0, weight.shape[0], deltas, lows)
+        logprobs = torch.log_softmax(fused_head.soft_cap(logits, self._softcap), -1)
         return take_columns(logprobs, pos, targets[:, None])[:, 0]
-

@@ -69,13 +69,13 @@ def train(engine: Engine, loss_fn: str, where_read: bool, monkeypatch, forward_o
         for b in state.adapter.b.values():
             b.normal_(0, 0.05, generator=generator)
     scored: list[int] = []
-    original = engine._vocab_logprobs
+    original = engine._gather_head
 
-    def counting(hidden, groups):
+    def counting(hidden, *rest):
         scored.append(hidden.shape[0])
-        return original(hidden, groups)
+        return original(hidden, *rest)
 
-    monkeypatch.setattr(engine, "_vocab_logprobs", counting)
+    monkeypatch.setattr(engine, "_gather_head", counting)
     monkeypatch.setattr(engine, "head_where_read", where_read)
     data = datums(engine.vocab_size, loss_fn)
     job = ForwardBackwardJob(state, data, loss_fn, LOSS_CONFIGS.get(loss_fn, {}), forward_only)
@@ -147,9 +147,9 @@ def test_a_batch_its_loss_reads_nowhere_skips_the_head_and_trains_nothing(engine
         for d in datums(engine.vocab_size, "cross_entropy")
     ]
     scored: list[int] = []
-    original = engine._vocab_logprobs
+    original = engine._gather_head
     monkeypatch.setattr(
-        engine, "_vocab_logprobs", lambda h, g: scored.append(h.shape[0]) or original(h, g)
+        engine, "_gather_head", lambda h, *rest: scored.append(h.shape[0]) or original(h, *rest)
     )
     result = engine.forward_backward([ForwardBackwardJob(state, data, "cross_entropy", {}, False)])
     assert scored == [] and result[0].metrics["loss:sum"] == 0.0

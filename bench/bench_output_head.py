@@ -1,14 +1,22 @@
-"""The output head only where the loss reads it: the transfer recipe's SFT and RL steps, before
-and after, in one run.
+"""The output head only where the loss reads it, and fused: the transfer recipe's SFT and RL
+steps three ways, in one run.
 
 Gemma 3's output head (262k rows x 640) costs more per position than the whole 270M body. An
 SFT example of the transfer recipe is a prompt (schema, sample rows, question) with weight 0
 and a short gold query with weight 1; an RL datum is a prompt with no advantage and a sampled
-completion. `before` scores every position through the head (`Engine.head_where_read=False`,
-the engine's earlier computation); `after` scores only the positions the loss reads and
-returns 0.0 elsewhere. Both run on the default (batch-invariant) path from the same adapter
-on the same batches, alternating step by step so drift in the machine's load falls on both;
-the script checks that loss, gradients and the logprobs the loss reads agree to the bit.
+completion. The ways:
+
+1. `plain, every position` (`head_where_read=False, fused_head_pass=False`): every position
+   through the head, each chunk's `[positions, vocabulary]` fp32 logits materialised (the
+   engine's computation before both changes);
+2. `plain, where read` (`fused_head_pass=False`): only the positions the loss reads;
+3. `fused, where read` (the default): those positions one vocabulary block at a time
+   (`fused_head`), no vocabulary-wide fp32 tensor.
+
+All run on the default (batch-invariant) path from the same adapter on the same batches,
+alternating step by step so drift in the machine's load falls on each. The script checks that
+ways 1 and 2 agree to the bit in loss, gradients and the logprobs the loss reads, and prints how
+far way 3 (another order of summation over the vocabulary) is from them.
 
 - SFT: `forward_backward(cross_entropy)` over 8 multi-table examples, CREATE TABLE statements
   with 2 sample rows, at most 1600 schema characters (the recipe's `--sample-rows 2
@@ -16,11 +24,11 @@ the script checks that loss, gradients and the logprobs the loss reads agree to 
 - RL: `forward_backward(importance_sampling)` over 4 prompts x 8 samples drawn once at
   temperature 1 (64 new tokens, the trial's stop strings), then one AdamW step.
 
-Prints seconds per step, the ratio before/after, the head's share of each step's FLOPs and the
+Prints seconds per step, the ratio against way 1, the head's share of each step's FLOPs and the
 fraction of this machine's matmul roofline (measured in the same run).
 
-    python bench/bench_head_where_read.py               # 3 steps per way, ~10 min on 2 cores
-    python bench/bench_head_where_read.py --steps 1     # ~4 min
+    python bench/bench_output_head.py               # 3 steps per way, ~14 min on 2 cores
+    python bench/bench_output_head.py --steps 1     # ~6 min
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ from server.engine.loss_positions import loss_positions  # noqa: E402
 from server.protocol.codec import Datum  # noqa: E402
 from sqltasks import SchemaView, load_corpus  # noqa: E402
 
-WAYS = ("before: head at every position", "after: head where the loss reads")
+WAYS = ("plain, every position", "plain, where read", "fused, where read")
 
 
 def distinct_positions(data: list[Datum], loss_fn: str) -> list[tuple[int, bool, bool]]:
@@ -84,7 +92,8 @@ def head_share(shapes: Shapes, data: list[Datum], loss_fn: str) -> float:
 
 def one_step(engine: Engine, seed: int, data: list[Datum], loss_fn: str, way: str):
     """A step from a fresh adapter of `seed`: (seconds, loss, read logprobs, gradients)."""
-    engine.head_where_read = way == WAYS[1]
+    engine.head_where_read = way != WAYS[0]
+    engine.fused_head_pass = way == WAYS[2]
     state = engine.create_run(LoraSpec(rank=16), seed=seed)
     started = time.perf_counter()
     result = engine.forward_backward([ForwardBackwardJob(state, data, loss_fn, {}, False)])[0]
@@ -95,6 +104,18 @@ def one_step(engine: Engine, seed: int, data: list[Datum], loss_fn: str, way: st
     read = [out["logprobs"][loss_positions(loss_fn, d.inputs, np.ones(len(d.tokens), bool))[0]]
             for d, out in zip(data, result.outputs, strict=True)]
     return seconds, result.metrics["loss:sum"], read, grads
+
+
+def largest_difference(a, b) -> float:
+    """The largest relative difference of loss, read logprobs and gradients between two ways."""
+    (_, loss_a, read_a, grads_a), (_, loss_b, read_b, grads_b) = a, b
+    worst = abs(loss_a - loss_b) / max(abs(loss_b), 1e-12)
+    for x, y in zip(read_a, read_b, strict=True):
+        if len(y):
+            worst = max(worst, float(np.max(np.abs(x - y))) / max(float(np.max(np.abs(y))), 1e-12))
+    for x, y in zip(grads_a, grads_b, strict=True):
+        worst = max(worst, float((x - y).abs().max()) / max(float(y.abs().max()), 1e-12))
+    return worst
 
 
 def same_bits(a, b) -> bool:
@@ -142,9 +163,10 @@ def main() -> None:
                                                  args.max_tokens, args.sample_rows,
                                                  args.max_schema_chars, args.seed)),
     }
-    rows, identical = [], True
+    rows, identical, fused_gap = [], True, 0.0
     for phase, (loss_fn, batches) in phases.items():
-        one_step(engine, args.seed, batches[0][:2], loss_fn, WAYS[1])  # first-touch allocations
+        for way in WAYS:  # first-touch allocations, and the invariance probes of each shape
+            one_step(engine, args.seed, batches[0][:2], loss_fn, way)
         times: dict[str, list[float]] = {way: [] for way in WAYS}
         for step, data in enumerate(batches):
             got = {way: one_step(engine, args.seed, data, loss_fn, way) for way in WAYS}
@@ -152,24 +174,27 @@ def main() -> None:
                 times[way].append(got[way][0])
                 print(f"  {phase} step {step} {way:34s} {got[way][0]:6.1f} s", flush=True)
             identical &= same_bits(got[WAYS[0]], got[WAYS[1]])
+            fused_gap = max(fused_gap, largest_difference(got[WAYS[2]], got[WAYS[1]]))
         tokens = statistics.mean(sum(len(d.tokens) for d in data) for data in batches)
         share = statistics.mean(head_share(shapes, data, loss_fn) for data in batches)
-        before, after = (statistics.median(times[way]) for way in WAYS)
-        for way, seconds in zip(WAYS, (before, after), strict=True):
-            flops = statistics.mean(step_flops(shapes, data, loss_fn, way == WAYS[1])
+        medians = [statistics.median(times[way]) for way in WAYS]
+        before = medians[0]
+        for way, seconds in zip(WAYS, medians, strict=True):
+            flops = statistics.mean(step_flops(shapes, data, loss_fn, way != WAYS[0])
                                     for data in batches)
             rows.append(f"| {phase} | {way} | {seconds:.1f} | {tokens / seconds:.0f} | "
                         f"{flops / 1e12:.2f} | {flops / seconds / peak:.0%} | "
                         f"{before / seconds:.2f}x |")
         print(f"{phase}: {len(batches[0])} datums, {tokens:.0f} tokens per step on average; "
               f"head work at unread positions {share:.0%} of the step's FLOPs before", flush=True)
-    engine.head_where_read = True
+    engine.head_where_read = engine.fused_head_pass = True
     print(f"\nmedian of {args.steps} steps per way and phase\n")
-    print("| phase | way | seconds | tokens/s | TFLOP done | of roofline | vs before |")
+    print("| phase | way | seconds | tokens/s | TFLOP done | of roofline | vs way 1 |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(rows))
-    print(f"\nloss, gradients and the logprobs the loss reads equal to the bit, before and "
-          f"after: {'yes' if identical else 'NO'}")
+    print(f"\nloss, gradients and the logprobs the loss reads equal to the bit, {WAYS[0]} and "
+          f"{WAYS[1]}: {'yes' if identical else 'NO'}; {WAYS[2]} against {WAYS[1]}: largest "
+          f"relative difference {fused_gap:.2e}")
     print(f"wall {time.time() - started:.0f} s; load average {os.getloadavg()[0]:.2f}")
 
 
