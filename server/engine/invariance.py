@@ -149,16 +149,26 @@ def tiled_matmul(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     elsewhere every tile is its own GEMM.
     """
     rows, features = x.shape
-    tiles = -(-rows // ROW_TILE)
-    padded = x.new_zeros((tiles * ROW_TILE, features))
-    padded[:rows] = x
+    x = x.contiguous()  # the layout the probe measured (a strided input may take other kernels)
     threads = torch.get_num_threads()
     if not padded_gemm_is_tiled(features, weight_t.shape[1], x.dtype, x.device, threads):
-        return _per_tile(padded, weight_t)[:rows]
+        return _per_tile(_whole_tiles(x), weight_t)[:rows]
+    # Whole tiles are multiplied in place, up to `GEMM_TILES` per GEMM; a last, partial tile
+    # is padded alone and multiplied as a one-tile GEMM. Every row keeps its one-tile bits (what
+    # the probe checked), and neither forward nor backward copies or zero-fills all of `x`.
     step = GEMM_TILES * ROW_TILE
-    if tiles * ROW_TILE <= step:
-        return (padded @ weight_t)[:rows]
-    return torch.cat([padded[i : i + step] @ weight_t for i in range(0, rows, step)])[:rows]
+    whole = rows - rows % ROW_TILE
+    parts = [x[i : min(i + step, whole)] @ weight_t for i in range(0, whole, step)]
+    if whole < rows:
+        tail = torch.cat([x[whole:], x.new_zeros((ROW_TILE - (rows - whole), features))])
+        parts.append((tail @ weight_t)[: rows - whole])
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _whole_tiles(x: torch.Tensor) -> torch.Tensor:
+    """`x` with zero rows after it up to a whole number of tiles (`x` itself when it has one)."""
+    short = -x.shape[0] % ROW_TILE
+    return x if short == 0 else torch.cat([x, x.new_zeros((short, x.shape[1]))])
 
 
 HALF_PROBE_ROWS = (MIN_HALF_ROWS, 5, 7, 16, 33)
