@@ -13,10 +13,16 @@ from __future__ import annotations
 import random
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from autoresearch.evaluation.stats import Estimate, RunTest, paired_difference
+from autoresearch.evaluation.stats import (
+    Estimate,
+    RunTest,
+    paired_difference,
+    paired_exact_test,
+    run_level_test,
+)
 from autoresearch.study.decisions import KeepRule, Verdicts, paired_items
 from autoresearch.study.spec import WARMUP_ID
 
@@ -24,9 +30,9 @@ ACTIVE = ("queued", "running")
 """Trial statuses that may still produce a result."""
 FINISHED = ("done", "kept", "discarded", "pruned")
 """Trial statuses of a trial that ran to its end (or was stopped by the pruner)."""
-EVIDENCE_ROLES = ("bank", "confirm")
-"""Runs made to measure noise or confirm a finding: they must be fresh, never a replay of
-another study's run unless the study says so."""
+EVIDENCE_ROLES = ("bank", "confirm", "fresh")
+"""Runs made to measure noise, confirm a finding or check it on test (`fresh`): they must be
+fresh, never a replay of another study's run unless the study says so."""
 BASELINE_ATTEMPTS = 2
 """A crashed baseline is run again once; crashing twice fails the study (every candidate is
 judged against it)."""
@@ -38,6 +44,7 @@ class Budget(Protocol):
     confirm_seeds: int
     max_confirm_trials: int
     seed_bank: int
+    test_seeds: int
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,8 @@ class EvidenceSeeds:
     """The seed bank: extra runs of the base config that measure run-to-run noise."""
     confirm: list[int]
     """Confirmation re-runs, the same for every contender (paired by seed)."""
+    test: list[int] = field(default_factory=list)
+    """Fresh runs of the kept and the base config for the test check (paired by seed)."""
 
 
 def study_evidence_key(study_row: dict, study_seed: int) -> str | int:
@@ -119,14 +128,17 @@ def study_evidence_key(study_row: dict, study_seed: int) -> str | int:
 
 
 def evidence_seeds(key: str | int, base_seed: int, budget: Budget) -> EvidenceSeeds:
+    """The bank's, the confirmations' and the test check's seeds, drawn in that order (a budget
+    with more test seeds leaves the others unchanged)."""
     rng = random.Random(f"autoresearch-evidence-seeds:{key}")
     drawn: list[int] = []
-    while len(drawn) < max(0, budget.seed_bank - 1) + budget.confirm_seeds:
+    banked = max(0, budget.seed_bank - 1)
+    confirmed = banked + budget.confirm_seeds
+    while len(drawn) < confirmed + budget.test_seeds:
         seed = rng.randrange(1, 2**31 - 1)
         if seed != base_seed and seed not in drawn:
             drawn.append(seed)
-    banked = max(0, budget.seed_bank - 1)
-    return EvidenceSeeds(drawn[:banked], drawn[banked:])
+    return EvidenceSeeds(drawn[:banked], drawn[banked:confirmed], drawn[confirmed:])
 
 
 def config_runs(trials: Sequence[Trial], config_key: str, roles: tuple[str, ...],
@@ -294,17 +306,35 @@ def replicates(candidate: Trial, incumbent: Trial, trials: Sequence[Trial], budg
     return candidate_runs, incumbent_runs
 
 
+def missing_test_runs(trials: Sequence[Trial], best_id: str | None,
+                      seeds: EvidenceSeeds) -> list[tuple[Trial, int]]:
+    """(contender, seed) runs the test check still needs: with a change kept, the kept config
+    and the base config each on every test seed, none of them a run any dev decision read."""
+    baseline = next((t for t in trials if t["role"] == "baseline"), None)
+    if best_id is None or baseline is None or best_id == baseline["id"]:
+        return []
+    best = next(t for t in trials if t["id"] == best_id)
+    have = {(t["config_key"], t["seed"]) for t in trials if t["role"] == "fresh"}
+    return [(contender, seed) for contender in (best, baseline) for seed in seeds.test
+            if (contender["config_key"], seed) not in have]
+
+
 def test_arms(trials: Sequence[Trial], best_id: str) -> tuple[list[Trial], list[Trial]]:
     """The runs the test split is read for, as (best config's arm, base config's arm): several
-    independent runs per arm where the study has them. The kept config's arm is its
-    confirmation re-runs (never the first look that selected it: that look is biased upward);
-    the base config's arm is the baseline and every other run of its config (seed bank,
-    re-runs). With nothing kept, the best is the baseline and only it is read (the base arm is
-    empty): there is no change to check."""
+    independent runs per arm where the study has them. With a change kept, both arms are the
+    fresh runs made for this check (`missing_test_runs`): runs whose luck no keep decision
+    selected, so a false keep is confirmed on test no more often than chance allows. A study
+    without them (`test_seeds: 0`, or a journal from before) reads the kept config's
+    confirmation re-runs (never the first look that selected it) and the base config's runs.
+    With nothing kept, the best is the baseline and only it is read (the base arm is empty):
+    there is no change to check."""
     best = next(t for t in trials if t["id"] == best_id)
     baseline = next((t for t in trials if t["role"] == "baseline"), None)
     if baseline is None or best_id == baseline["id"]:
         return [best], []
+    if any(t["role"] == "fresh" for t in trials):
+        return (config_runs(trials, best["config_key"], ("fresh",), _evaluable),
+                config_runs(trials, baseline["config_key"], ("fresh",), _evaluable))
     kept = config_runs(trials, best["config_key"], ("confirm",), _evaluable) or [best]
     base = config_runs(trials, baseline["config_key"], ("baseline", "bank", "confirm"),
                        _evaluable)
@@ -368,6 +398,16 @@ def test_verdicts(trials: Sequence[Trial], best_id: str
         [t["test"]["verdicts"] for t in arm if (t.get("test") or {}).get("verdicts")]
         for arm in test_arms(trials, best_id))
     return (kept, base) if kept and base else None
+
+
+def held_out_gain(kept: list[Verdicts], base: list[Verdicts]) -> tuple[Estimate, RunTest | None]:
+    """The test check's estimate of best minus base: over runs where each arm has several (the
+    run-level test, each run's luck in the interval), else paired task by task over the runs
+    read (an interval that holds the answers' draws but not the runs' luck)."""
+    if min(len(kept), len(base)) > 1:
+        runs = run_level_test(kept, base)
+        return runs.interval(), runs
+    return paired_exact_test(kept, base).difference, None
 
 
 def warmup_of(trial: Trial, trials: list[Trial]) -> Trial | None:

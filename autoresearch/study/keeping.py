@@ -18,6 +18,7 @@ from autoresearch.study.confirmation import (
     Wait,
     against_warmup,
     evidence_seeds,
+    missing_test_runs,
     next_decision,
     study_evidence_key,
     warmup_of,
@@ -75,6 +76,34 @@ class KeepRuleJournal:
             verdict = "kept" if decision.kept else "discarded"
             self._record(decision.candidate, decision.incumbent, decision.rule, decision.test,
                          verdict, decision.note, decision.runs)
+
+    def queue_test_runs(self) -> bool:
+        """Journal the fresh runs the test check reads when a change was kept (the kept and
+        the base config on the study's test seeds); True when some were queued."""
+        if not self.study.base_trial.eval.test_tasks or any(
+                e["kind"] == "test plan" for e in self.journal.events()):
+            return False  # nothing to read, or the one read already planned: no runs for it
+        key = study_evidence_key(self.journal.study(), self.study.seed)
+        seeds = evidence_seeds(key, self._base().seed, self.study.budget)
+        best_id = self.journal.study()["best_trial"]
+        missing = missing_test_runs(self.journal.trials(), best_id, seeds)
+        if not missing:
+            return False
+        number = self.journal.next_number()
+        rows = []
+        for contender, seed in missing:
+            config = TrialConfig.model_validate(contender["config"]).with_changes({"seed": seed})
+            rows.append(self._trial_row(
+                number, "fresh", config, contender["changes"] or {}, "test check",
+                f"{contender['id']}'s config with seed {seed}: a fresh run for the test check, "
+                "whose luck no dev decision selected", config, best_id,
+                replicate_of=contender["id"]))
+            number += 1
+        self.journal.add_trials(rows)
+        self.journal.event("test runs", f"the kept config and the base config on fresh seeds "
+                           f"{seeds.test} for the test check", best_id,
+                           queued=[r["id"] for r in rows])
+        return True
 
     def _queue_seed_bank(self, seeds: list[int]) -> None:
         """Journal the seed bank: the base config on seeds of its own; with the baseline's run,

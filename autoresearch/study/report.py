@@ -28,6 +28,7 @@ from autoresearch.study.confirmation import (
     against_warmup,
     config_runs,
     dev_arms,
+    held_out_gain,
     test_verdicts,
     warmup_of,
 )
@@ -236,7 +237,8 @@ def _seed_bank_blocks(trials: list[dict[str, Any]], budget: dict[str, Any]) -> l
         f"The base config on {len(bank)} seeds scored {runs} on dev: {spread}. A first look "
         "compares a candidate with the mean of these runs, not with one of them. A "
         "confirmation keeps a change only if it is ahead both per task and per run, with runs "
-        "as the unit and this spread pooled with the re-runs' own." + power))]
+        "as the unit: this spread pooled with the re-runs' own where the candidate's runs "
+        "spread no more than these, else each config's own spread (Welch)." + power))]
 
 
 def build(journal: Journal) -> list[Block]:
@@ -285,11 +287,9 @@ def build(journal: Journal) -> list[Block]:
         dev_gain = _paired(best, baseline, "dev")
         same = baseline is not None and best["id"] == baseline["id"]
         arms = test_verdicts(trials, best["id"])
-        runs_test = run_level_test(*arms) if arms and min(map(len, arms)) > 1 else None
-        if runs_test is not None:
-            test_gain = runs_test.interval()
-        elif arms:  # one run on a side: the runs read, paired task by task
-            test_gain = paired_exact_test(arms[0], arms[1]).difference
+        runs_test = None
+        if arms:
+            test_gain, runs_test = held_out_gain(*arms)
         else:
             test_gain = _paired(best, baseline, "test")
         if unfinished_study:
@@ -318,21 +318,24 @@ def build(journal: Journal) -> list[Block]:
         if not same and test_gain is not None and not unfinished_study:
             verdict = ("improves" if test_gain.low > 0 else "hurts" if test_gain.high < 0
                        else "does not measurably change")
+            fresh = any(t["role"] == "fresh" for t in trials)
+            source = ("fresh runs made for this check, whose luck no dev decision selected"
+                      if fresh else "its confirmation re-runs, not the look that selected it, "
+                      "though their luck is what kept it")
             if runs_test is not None:
                 half = (test_gain.high - test_gain.low) / 2
                 blocks.append(Block("p", (
                     f"On the held-out test split, read once for {len(arms[0])} independent "
-                    f"runs of the best config (its confirmation re-runs, not the look that "
-                    f"selected it) and {len(arms[1])} of the base config, the best config "
+                    f"runs of the best config ({source}) and {len(arms[1])} of the base "
+                    f"config, the best config "
                     f"{verdict} execution accuracy relative to the baseline "
                     f"({_diff(test_gain)}, a 95% interval over runs, so it holds each run's "
                     f"luck as well as the draws of its answers; "
                     f"{runs_test.describe_spread()}). This check cannot tell "
                     f"apart changes smaller than about {half:.3f}.")))
             else:
-                read = (f", read once for {len(arms[0])} run(s) of the best config (its "
-                        f"confirmation re-runs) and {len(arms[1])} of the base config and "
-                        if arms else ", ")
+                read = (f", read once for {len(arms[0])} run(s) of the best config ({source}) "
+                        f"and {len(arms[1])} of the base config and " if arms else ", ")
                 blocks.append(Block("p", f"On the held-out test split{read}paired over "
                                     f"{test_gain.n} tasks, the best config {verdict} "
                                     f"execution accuracy relative to the baseline "

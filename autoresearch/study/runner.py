@@ -154,6 +154,8 @@ class StudyRunner:
                     trials = self._controlled(self._with_trial_cache(given))
                     evidence = trials if self._replays_evidence() else executor
                     self._loop(trials, evidence)
+                    if self.keeping.queue_test_runs():
+                        self._loop(trials, evidence)  # the fresh runs the test check reads
                     read_test_once(self.study, self.journal, self.dir,
                                    lambda job: _run_exclusively(evidence, job, _ignore),
                                    self._say_once)

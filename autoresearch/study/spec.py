@@ -52,6 +52,12 @@ class Budget(_Strict):
     their mean, their spread enters every confirmation's run-level test, the pruning margin and
     the report's power analysis; 0 or 1 means no bank: first looks compare with the baseline's
     one run, and the run-to-run variance comes from the confirmation re-runs alone."""
+    test_seeds: int = Field(2, ge=0, le=16)
+    """Fresh runs per arm for the test check when a change was kept: the kept config and the
+    base config are each trained again on this many seeds that no dev decision saw, and the test
+    split is read for those runs (the confirmation re-runs that kept the change carry the luck
+    that selected it). 0: the test split is read for the confirmation re-runs and the base
+    config's runs, and the report says the check inherits the selection."""
     alpha: float = Field(0.05, gt=0, lt=0.5)
     """The study's error budget: the chance that it keeps any change that is no better, split
     over the confirmations it can run (`decisions.ErrorBudget`)."""

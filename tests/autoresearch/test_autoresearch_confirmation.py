@@ -130,8 +130,12 @@ def test_evidence_seeds_come_from_the_study_seed_and_avoid_the_first_looks():
     budget = Budget(confirm_seeds=2, seed_bank=3)
     one, again, other = (evidence_seeds(s, 0, budget) for s in (1, 1, 2))
     assert one == again and one != other
-    assert len(one.bank) == 2 and len(one.confirm) == 2
-    assert len({*one.bank, *one.confirm, 0}) == 5
+    assert len(one.bank) == 2 and len(one.confirm) == 2 and len(one.test) == 2
+    assert len({*one.bank, *one.confirm, *one.test, 0}) == 7
+    # More test seeds leave the bank's and the confirmations' seeds as they were (a journal
+    # that resumes under a larger budget finds its own runs).
+    more = evidence_seeds(1, 0, Budget(confirm_seeds=2, seed_bank=3, test_seeds=5))
+    assert (more.bank, more.confirm, more.test[:2]) == (one.bank, one.confirm, one.test)
 
 
 def test_the_seed_bank_is_queued_with_the_baseline_when_the_study_can_confirm():

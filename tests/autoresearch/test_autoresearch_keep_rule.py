@@ -124,11 +124,12 @@ def test_a_study_of_seed_noise_keeps_only_the_baseline_and_says_why(tmp_path: Pa
     assert f"(mean of {base_runs} runs)" in dev  # the base config's runs, not its one run
 
 
-def _learning_rate_study(name: str, confirm_seeds: int, max_confirm_trials: int) -> Study:
+def _learning_rate_study(name: str, confirm_seeds: int, max_confirm_trials: int,
+                         test_seeds: int = 2) -> Study:
     """A study with one proposal beside the base config: the learning rate 2e-4 or 5e-5."""
     return Study(name=name, search_space={"rl.adam.learning_rate": {"choices": [5e-5, 2e-4]}},
                  budget={"max_trials": 2, "confirm_seeds": confirm_seeds,
-                         "max_confirm_trials": max_confirm_trials})
+                         "max_confirm_trials": max_confirm_trials, "test_seeds": test_seeds})
 
 
 def _faster_is_better(config: TrialConfig) -> float:
@@ -154,18 +155,24 @@ def test_trials_read_dev_only_and_the_study_reads_test_once_for_best_and_baselin
     trials = journal.trials()
     assert all(t["config"]["eval"]["test_tasks"] == 0 for t in trials)
     best, baseline = outcome.best, outcome.baseline
-    # Several runs per arm: the kept config's fresh re-runs (not the look that selected it),
-    # and the base config's runs (the baseline, its re-runs and its seed bank).
-    kept_arm = {t["id"] for t in trials if t["config_key"] == best["config_key"]
-                and t["role"] == "confirm"}
-    base_arm = {t["id"] for t in trials if t["config_key"] == baseline["config_key"]}
+    # Both arms are fresh runs made for the check, on seeds no dev decision used: not the look
+    # that selected the best, not the re-runs whose luck kept it, not the base config's runs
+    # that served as the reference.
+    fresh = [t for t in trials if t["role"] == "fresh"]
+    kept_arm = {t["id"] for t in fresh if t["config_key"] == best["config_key"]}
+    base_arm = {t["id"] for t in fresh if t["config_key"] == baseline["config_key"]}
     with_test = {t["id"] for t in trials if t["test"] is not None}
-    assert with_test == kept_arm | base_arm and len(kept_arm) == 2 and len(base_arm) == 5
-    assert best["id"] not in with_test
+    assert with_test == kept_arm | base_arm and len(kept_arm) == 2 and len(base_arm) == 2
+    dev_seeds = {t["seed"] for t in trials if t["role"] != "fresh"}
+    assert not dev_seeds & {t["seed"] for t in fresh}
+    assert {t["seed"] for t in fresh if t["id"] in kept_arm} == {
+        t["seed"] for t in fresh if t["id"] in base_arm}  # paired by seed
+    assert all(t["status"] == "done" and t["decision"] is None for t in fresh)
+    assert not any(d["candidate"] in with_test for d in journal.decisions())
     tested = [c for c in executor.calls if c.endswith("-test")]
     assert sorted(tested) == sorted(f"{i}-test" for i in with_test)
     report = outcome.report.read_text()
-    assert "read once for 2 independent runs of the best config" in report
+    assert "read once for 2 independent runs of the best config (fresh runs" in report
     assert "a 95% interval over runs" in report
     # A resumed (already finished) study does not read the test split again.
     run_study(study, tmp_path, executor=executor)
@@ -178,8 +185,8 @@ def test_with_one_confirmation_run_a_kept_configs_test_check_still_shows(tmp_pat
     assert outcome.best["role"] == "explore"  # kept
     report = outcome.report.read_text()
     row = next(line for line in report.splitlines() if line.startswith("| test"))
-    assert "test (runs read)" in row and " over tasks" in row and "| - |" not in row
-    assert "read once for 1 run(s) of the best config" in report
+    assert "test (runs)" in row and " over runs" in row and "| - |" not in row
+    assert "read once for 2 independent runs of the best config (fresh runs" in report
     assert "improves execution accuracy" in report
     # dev with runs as the unit: the best config's confirmation run and the base config's
     # runs; the look that selected the best shown apart, labelled as biased
@@ -187,6 +194,19 @@ def test_with_one_confirmation_run_a_kept_configs_test_check_still_shows(tmp_pat
                       if line.startswith("| dev (runs no look selected)"))
     assert "(mean of 4 runs)" in unselected and "(1 run)" in unselected
     assert "| dev, the look that selected it (biased up) |" in report
+
+
+def test_without_test_seeds_the_check_reads_the_confirmation_runs_and_says_so(tmp_path: Path):
+    study = _learning_rate_study("no-fresh", confirm_seeds=1, max_confirm_trials=2, test_seeds=0)
+    outcome = run_study(study, tmp_path, executor=SyntheticExecutor(_faster_is_better, tasks=96))
+    trials = Journal(tmp_path, read_only=True).trials()
+    assert outcome.best["role"] == "explore" and not any(t["role"] == "fresh" for t in trials)
+    tested = {t["role"] for t in trials if t["test"] is not None}
+    assert "confirm" in tested
+    report = outcome.report.read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| test"))
+    assert "test (runs read)" in row and " over tasks" in row
+    assert "though their luck is what kept it" in report
 
 
 def test_a_redeclared_budget_spends_only_what_is_left_of_the_first(tmp_path: Path):

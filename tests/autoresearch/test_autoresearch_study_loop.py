@@ -92,9 +92,12 @@ def test_a_promising_candidate_is_re_run_with_new_seeds_before_it_is_kept(tmp_pa
     assert decision["seeds"] == 2 and decision["n"] == 64
     assert decision["p_value"] <= decision["alpha"] == 0.05  # one confirmation fits the budget
     assert outcome.best["id"] == candidate and trials[candidate]["status"] == "kept"
-    # 2 trials, 4 re-runs, 2 seed-bank runs, and the test split read for each arm's runs: the
-    # kept config's 2 re-runs, the base config's baseline, 2 re-runs and 2 bank runs
-    assert len(executor.calls) == len(set(executor.calls)) == 2 + 4 + 2 + (2 + 5)
+    # 2 trials, 4 re-runs, 2 seed-bank runs, 4 fresh runs for the test check (the kept and the
+    # base config on the study's 2 test seeds), and the test split read for those 4
+    fresh = [t for t in trials.values() if t["role"] == "fresh"]
+    assert sorted((t["replicate_of"], t["seed"]) for t in fresh) == sorted(
+        (trial, seed) for trial in ("t0001", candidate) for seed in seeds.test)
+    assert len(executor.calls) == len(set(executor.calls)) == 2 + 4 + 2 + 4 + 4
 
 
 def test_without_confirmation_budget_an_inconclusive_candidate_is_discarded(tmp_path: Path):
