@@ -16,6 +16,7 @@ sampled token's logprob and the trainer's agree to the bit wherever a row's logi
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -81,6 +82,61 @@ def block_logits(
     return out
 
 
+def head_logits(
+    x: torch.Tensor, weight: torch.Tensor, deltas: list[HeadDelta], lows: list[torch.Tensor]
+) -> torch.Tensor:
+    """fp32 logits of the whole vocabulary for 2-D `x`, with the bits of `block_logits` block
+    by block: one product over the whole vocabulary where this machine's kernels give every
+    block its own product's bits (`whole_head_matches_blocks`) or where no bit is promised
+    (outside invariance), else block by block into one tensor."""
+    vocab = weight.shape[0]
+    if torch.is_grad_enabled():
+        return torch.cat([block_logits(x, weight, a, b, deltas, lows)
+                          for a, b in vocab_blocks(vocab)], -1)
+    ranks = tuple(sorted({d.a.shape[0] for d in deltas}))
+    if not invariance.rows_are_invariant() or whole_head_matches_blocks(
+            x.shape[1], vocab, weight.dtype, x.device, torch.get_num_threads(), ranks,
+            VOCAB_BLOCK):
+        return block_logits(x, weight, 0, vocab, deltas, lows)
+    out = torch.empty((x.shape[0], vocab), dtype=torch.float32, device=x.device)
+    for a, b in vocab_blocks(vocab):
+        out[:, a:b] = block_logits(x, weight, a, b, deltas, lows)
+    return out
+
+
+PROBE_ROWS = 16
+"""Rows of the probe's products: under invariance a row's bits do not depend on the row count
+(`invariance`), so one count stands for all."""
+
+
+@functools.cache
+def whole_head_matches_blocks(features: int, vocab: int, dtype: torch.dtype,
+                              device: torch.device, threads: int,
+                              ranks: tuple[int, ...], block: int) -> bool:
+    """Whether, under invariance, `block_logits` over the whole vocabulary gives every block
+    the bits of that block's own `block_logits` (the base product in `dtype`, LoRA deltas of
+    these ranks in fp32). A GEMM sums each output over K in an order its micro-kernel fixes, so
+    cutting N into blocks should change nothing; measured once per shape, dtype, device,
+    thread count, ranks and block size, on random operands (the weight a random block
+    repeated)."""
+    del threads, block  # part of the cache key: the kernel's threading can change its order
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(PROBE_ROWS, features, generator=generator).to(device=device, dtype=dtype)
+    block = torch.randn(min(vocab, 1024), features, generator=generator)
+    weight = block.repeat(-(-vocab // block.shape[0]), 1)[:vocab].to(device=device, dtype=dtype)
+    deltas = []
+    for k, rank in enumerate(ranks):
+        rows = slice(k * PROBE_ROWS // len(ranks), (k + 1) * PROBE_ROWS // len(ranks))
+        a = torch.randn(rank, features, generator=generator).to(device)
+        b = torch.randn(vocab, rank, generator=generator).to(device)
+        deltas.append(HeadDelta(rows.start, rows.stop, a, b, 2.0))
+    with torch.no_grad(), invariance.row_invariant():
+        lows = low_rank(x, deltas)
+        whole = block_logits(x, weight, 0, vocab, deltas, lows)
+        return all(torch.equal(whole[:, a:b], block_logits(x, weight, a, b, deltas, lows))
+                   for a, b in vocab_blocks(vocab))
+
+
 def soft_cap(logits: torch.Tensor, cap: float | None, inplace: bool = False) -> torch.Tensor:
     """Gemma's final-logit soft cap, `cap * tanh(logits / cap)` (the same operations, so the same
     bits, in place or not)."""
@@ -114,9 +170,15 @@ def _combine(stats: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tens
 
 def normaliser(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`(max, log sum exp(z - max))` of each row of `[rows, vocabulary]` fp32 logits, by the
-    blocks training uses, so `(z - max) - log_sum` has the trainer's bits."""
-    stats = [_block_stats(logits[:, a:b]) for a, b in vocab_blocks(logits.shape[-1])]
-    return _combine(stats)
+    blocks training uses, so `(z - max) - log_sum` has the trainer's bits. Where the blocks
+    tile the vocabulary evenly, every block's statistics come from one pass over a
+    `[rows, blocks, block]` view (each block reduced alone, as training reduces it)."""
+    rows, vocab = logits.shape
+    if vocab % VOCAB_BLOCK or vocab == VOCAB_BLOCK or not logits.is_contiguous():
+        return _combine([_block_stats(logits[:, a:b]) for a, b in vocab_blocks(vocab)])
+    tops, sums = _block_stats(logits.view(rows * (vocab // VOCAB_BLOCK), VOCAB_BLOCK))
+    tops, sums = tops.view(rows, -1), sums.view(rows, -1)
+    return _combine([(tops[:, k], sums[:, k]) for k in range(tops.shape[1])])
 
 
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:

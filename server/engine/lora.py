@@ -216,15 +216,7 @@ class MultiLoRALinear(nn.Module):
         ]
         deltas = fused_head.head_deltas(routed, self.name)
         lows = fused_head.low_rank(x, deltas)
-        weight = self.base.weight
-        blocks = fused_head.vocab_blocks(weight.shape[0])
-        if torch.is_grad_enabled():
-            return torch.cat([fused_head.block_logits(x, weight, a, b, deltas, lows)
-                              for a, b in blocks], -1)
-        out = torch.empty((x.shape[0], weight.shape[0]), dtype=torch.float32, device=x.device)
-        for a, b in blocks:
-            out[:, a:b] = fused_head.block_logits(x, weight, a, b, deltas, lows)
-        return out
+        return fused_head.head_logits(x, self.base.weight, deltas, lows)
 
     def _grouped(self, x: torch.Tensor, out: torch.Tensor, routed: list[RowGroup]) -> torch.Tensor:
         """Each group's delta from its own rows and its own adapter only (a segmented product);

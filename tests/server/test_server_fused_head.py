@@ -122,6 +122,32 @@ def test_no_positions_by_vocabulary_fp32_tensor_in_forward_or_backward(monkeypat
     assert plain.largest >= POSITIONS * VOCAB  # what the fused pass avoids
 
 
+def test_the_normalisers_one_pass_gives_the_bits_of_block_by_block(monkeypatch):
+    monkeypatch.setattr(fused_head, "VOCAB_BLOCK", 100)
+    g = torch.Generator().manual_seed(2)
+    for rows in (1, 3, 17):
+        logits = torch.randn(rows, VOCAB, generator=g) * 4
+        one_pass = fused_head.normaliser(logits)
+        by_block = fused_head._combine([fused_head._block_stats(logits[:, a:a + 100].clone())
+                                        for a in range(0, VOCAB, 100)])
+        assert all(torch.equal(x, y) for x, y in zip(one_pass, by_block, strict=True))
+
+
+def test_the_whole_vocabulary_product_matches_the_blocks_where_the_probe_says_so(monkeypatch):
+    monkeypatch.setattr(fused_head, "VOCAB_BLOCK", 128)
+    hidden, weight, deltas, _, _ = operands(torch.bfloat16)
+    hidden = hidden.detach()
+    with row_invariant(), torch.no_grad():
+        lows = fused_head.low_rank(hidden, deltas)
+        whole = fused_head.head_logits(hidden, weight, deltas, lows)
+        blocks = torch.cat([fused_head.block_logits(hidden, weight, a, b, deltas, lows)
+                            for a, b in fused_head.vocab_blocks(VOCAB)], -1)
+    probe = fused_head.whole_head_matches_blocks(HIDDEN, VOCAB, torch.bfloat16,
+                                                 torch.device("cpu"), torch.get_num_threads(),
+                                                 (RANK,), 128)
+    assert torch.equal(whole, blocks) or not probe
+
+
 def test_the_blocked_normaliser_handles_blocks_with_nothing_allowed(monkeypatch):
     """Top-k leaves whole blocks at -inf: they add nothing, and no NaN appears."""
     monkeypatch.setattr(fused_head, "VOCAB_BLOCK", 100)
@@ -142,11 +168,20 @@ def bf16_engine(tiny_model_dir) -> Engine:
     return Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="bfloat16"))
 
 
-def test_sampler_logprobs_equal_the_trainers_with_many_vocabulary_blocks(bf16_engine, monkeypatch):
-    """Uneven blocks on the tiny Gemma: the head layer (prefill and decode), the sampler's
-    normaliser and training cut the vocabulary alike, so the bits still agree."""
+@pytest.mark.parametrize("whole_product", [True, False], ids=["one-product", "block-by-block"])
+@pytest.mark.parametrize("even", [True, False], ids=["even-blocks", "uneven-blocks"])
+def test_sampler_logprobs_equal_the_trainers_with_many_vocabulary_blocks(
+        bf16_engine, monkeypatch, whole_product, even):
+    """Blocks on the tiny Gemma: the head layer (prefill and decode; one product over the
+    vocabulary where the probe allows it, else block by block), the sampler's normaliser (one
+    pass over a view where the blocks are even) and training cut the vocabulary alike, so the
+    bits still agree."""
     engine = bf16_engine
-    monkeypatch.setattr(fused_head, "VOCAB_BLOCK", engine.vocab_size // 3 + 7)
+    vocab = engine.vocab_size
+    block = next(b for b in range(vocab // 4, 0, -1) if vocab % b == 0) if even else vocab // 3 + 7
+    monkeypatch.setattr(fused_head, "VOCAB_BLOCK", block)
+    if not whole_product:
+        monkeypatch.setattr(fused_head, "whole_head_matches_blocks", lambda *args: False)
     state = engine.create_run(LoraSpec(rank=4), seed=3)
     with torch.no_grad():
         generator = torch.Generator().manual_seed(5)
