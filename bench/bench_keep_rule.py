@@ -39,6 +39,7 @@ study's best).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import sys
 import time
@@ -50,12 +51,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "datasets")]
 
+from autoresearch.evaluation.stats import Estimate  # noqa: E402
 from autoresearch.study.confirmation import (  # noqa: E402
     EvidenceSeeds,
     QueueSeedBank,
     Rerun,
     Verdict,
+    held_out_gain,
+    missing_test_runs,
     next_decision,
+    test_arms,
 )
 from autoresearch.study.decisions import KeepRule, keep_rule_for  # noqa: E402
 from autoresearch.study.spec import Study  # noqa: E402
@@ -101,6 +106,11 @@ class World:
     def __init__(self, rng: np.random.Generator, tasks: int, mu: float, qualities: list[float],
                  seed_sd: float = SIGMA_SEED, candidate_sd: float | None = None):
         self.rng = rng
+        self.mu, self.qualities, self.tasks = mu, qualities, tasks
+        self.luck: dict[tuple[int, int], float] = {}
+        """Each run's own luck, shared by its dev and test answers (a lucky run is lucky on
+        both splits: the reason a test check must not reuse the runs that kept a change)."""
+        self._test: tuple[np.random.Generator, list[np.ndarray]] | None = None
         # The baseline's run luck, and the candidates' (a noisier config: `--noisy-candidates`)
         self.seed_sds = [seed_sd] + [seed_sd if candidate_sd is None else candidate_sd
                                      for _ in qualities[1:]]
@@ -114,10 +124,30 @@ class World:
     def run(self, config: int, seed: int) -> dict[str, bool]:
         key = (config, seed)
         if key not in self.runs:
-            p = sigmoid(self.logits[config] + self.rng.normal(0, self.seed_sds[config]))
+            self.luck[key] = self.rng.normal(0, self.seed_sds[config])
+            p = sigmoid(self.logits[config] + self.luck[key])
             right = self.rng.random(len(self.ids)) < p
             self.runs[key] = dict(zip(self.ids, right.tolist()))
         return self.runs[key]
+
+    def run_test(self, config: int, seed: int) -> dict[str, bool]:
+        """The run's answers on a test split of its own tasks (drawn like dev's), with the luck
+        it had on dev; a run never made on dev (a fresh run) gets luck of its own. Test draws
+        come from a generator of their own, so the dev draws are those of a study without a
+        test check."""
+        if self._test is None:
+            digest = hashlib.sha256(self.logits[0].tobytes()).digest()
+            rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+            difficulty = rng.normal(self.mu, SIGMA_TASK, self.tasks)
+            self._test = (rng, [difficulty + q + (rng.normal(0, SIGMA_INTERACTION, self.tasks)
+                                                  if c else 0)
+                                for c, q in enumerate(self.qualities)])
+        rng, logits = self._test
+        key = (config, seed)
+        if key not in self.luck:
+            self.luck[key] = rng.normal(0, self.seed_sds[config])
+        right = rng.random(self.tasks) < sigmoid(logits[config] + self.luck[key])
+        return {f"test-{i:03d}": bool(r) for i, r in enumerate(right)}
 
 
 # ------------------------------------------------------------------ the rules
@@ -125,11 +155,12 @@ def _trial(number: int, role: str, config: int, seed: int, verdicts: dict[str, b
     """A journal trial row with what the runner's decision code reads."""
     return {"id": f"t{number:04d}", "role": role, "status": "done", "decision": None,
             "finished": number, "config_key": f"config-{config}", "seed": seed,
-            "config_index": config, "dev": {"verdicts": verdicts}}
+            "config_index": config, "dev": {"verdicts": verdicts}, "checkpoint": "simulated"}
 
 
 BANK_SEEDS = [5000 + k for k in range(64)]
 CONFIRM_SEEDS = [1 + k for k in range(16)]
+TEST_SEEDS = [9000 + k for k in range(16)]
 
 
 def new_study(world: World, candidates: int, study: Study, run_level: bool = True,
@@ -137,6 +168,13 @@ def new_study(world: World, candidates: int, study: Study, run_level: bool = Tru
     """The product's keep rule, applied by the study runner's own decision code
     (`confirmation.next_decision`) to simulated trials: the baseline and its seed bank, the
     candidates, each run once with the base seed, and the confirmation re-runs it asks for."""
+    best, _ = decided_study(world, candidates, study, run_level, own_spreads)
+    return 0 if best is None else best["config_index"]
+
+
+def decided_study(world: World, candidates: int, study: Study, run_level: bool = True,
+                  own_spreads: bool = True) -> tuple[dict | None, list[dict]]:
+    """`new_study`'s decisions: the kept trial (None: the baseline stays) and every trial row."""
     rule, budget = keep_rule_for(study.budget), study.budget
     if not (run_level and own_spreads):
         rule = KeepRule(rule.budget, rule.select_p, run_level=run_level, own_spreads=own_spreads)
@@ -162,7 +200,25 @@ def new_study(world: World, candidates: int, study: Study, run_level: bool = Tru
         decision.candidate["decision"] = {"kept": decision.kept}
         if decision.kept:
             best = decision.candidate
-    return 0 if best is None else best["config_index"]
+    if best is not None and best["role"] == "baseline":
+        best = None
+    return best, trials
+
+
+def test_check(world: World, trials: list[dict], best: dict, study: Study,
+               fresh: bool) -> Estimate:
+    """The study's test check of a kept change, by the product's own code: the arms
+    `confirmation.test_arms` names (fresh runs on the study's test seeds, `missing_test_runs`,
+    or, without them, the confirmation re-runs and the base config's runs), each read on the
+    test split, and the estimate the report prints (`confirmation.held_out_gain`)."""
+    rows = list(trials)
+    if fresh:
+        seeds = EvidenceSeeds([], [], TEST_SEEDS[:study.budget.test_seeds])
+        for contender, seed in missing_test_runs(rows, best["id"], seeds):
+            rows.append(_trial(len(rows), "fresh", contender["config_index"], seed, {}))
+    arms = test_arms(rows, best["id"])
+    kept, base = ([world.run_test(t["config_index"], t["seed"]) for t in arm] for arm in arms)
+    return held_out_gain(kept, base)[0]
 
 
 def pooled_study(world: World, candidates: int, study: Study) -> int:
@@ -240,6 +296,64 @@ def simulate(tasks: int, effect: float, studies: int, candidates: int, base: flo
     return {name: hits / studies for name, hits in outcome.items()}
 
 
+def simulate_test_check(tasks: int, effect: float, studies: int, candidates: int, base: float,
+                        study: Study, seed: int, run_points: float) -> dict[str, float]:
+    """After every change the NEW rule keeps, its test check read for the confirmation re-runs
+    (the way before) and for fresh runs (now), on the same worlds: how often the check claims
+    an improvement (its interval above 0) when the kept change is no better, whether its
+    interval covers the kept change's true gain, and its bias."""
+    rng = np.random.default_rng(seed)
+    mu = _solve(base, lambda m: _mean_accuracy(m, 0.0, 0.0))
+    seed_sd = seed_sd_for(run_points, mu)
+    planted_shift = (_solve(base + effect, lambda s: _mean_accuracy(mu, s, seed_sd))
+                     if effect else 0.0)
+    found = {"kept": 0, "null kept": 0}
+    for way in ("reused", "fresh"):
+        found |= {f"{way} claims": 0, f"{way} covers": 0, f"{way} error": 0.0}
+    for _ in range(studies):
+        planted = int(rng.integers(1, candidates + 1)) if effect else 0
+        qualities = [0.0] + [planted_shift if c == planted else 0.0
+                             for c in range(1, candidates + 1)]
+        world = World(rng, tasks, mu, qualities, seed_sd)
+        best, trials = decided_study(world, candidates, study)
+        if best is None:
+            continue
+        true_gain = effect if best["config_index"] == planted and effect else 0.0
+        found["kept"] += 1
+        found["null kept"] += true_gain == 0.0
+        for way in ("reused", "fresh"):
+            estimate = test_check(world, trials, best, study, fresh=way == "fresh")
+            found[f"{way} claims"] += true_gain == 0.0 and estimate.low > 0
+            found[f"{way} covers"] += estimate.low <= true_gain <= estimate.high
+            found[f"{way} error"] += estimate.value - true_gain
+    return found
+
+
+def share(hits: float, n: int) -> str:
+    return f"{hits / n:.1%}" if n else "-"
+
+
+def test_check_table(args: argparse.Namespace, study: Study) -> None:
+    """`--test-check`: the test check after a keep, reused runs against fresh ones."""
+    print("| run SD | dev and test tasks | planted effect | kept | no-better kept | test claims "
+          "a gain for a no-better change: reused / fresh | interval covers the true gain: "
+          "reused / fresh | bias, points: reused / fresh |")
+    print("|---|---|---|---|---|---|---|---|")
+    for run_points in args.run_sds:
+        for tasks in args.sizes:
+            for k, effect in enumerate(args.effects):
+                r = simulate_test_check(tasks, effect, args.studies, args.candidates, args.base,
+                                        study, seed=1000 * tasks + k, run_points=run_points)
+                kept, null = int(r["kept"]), int(r["null kept"])
+                bias = {way: f"{100 * r[f'{way} error'] / kept:+.1f}" if kept else "-"
+                        for way in ("reused", "fresh")}
+                print(f"| {run_points:g} pts | {tasks} | "
+                      f"{'none' if not effect else f'+{effect * 100:.0f} pts'} | {kept} | {null} | "
+                      f"{share(r['reused claims'], null)} / {share(r['fresh claims'], null)} | "
+                      f"{share(r['reused covers'], kept)} / {share(r['fresh covers'], kept)} | "
+                      f"{bias['reused']} / {bias['fresh']} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--studies", type=int, default=400)
@@ -252,6 +366,11 @@ def main() -> None:
     parser.add_argument("--confirm-seeds", type=int, default=2)
     parser.add_argument("--max-confirm-trials", type=int, default=8)
     parser.add_argument("--seed-bank", type=int, default=3)
+    parser.add_argument("--test-seeds", type=int, default=2,
+                        help="fresh runs per arm for the test check (with --test-check)")
+    parser.add_argument("--test-check", action="store_true",
+                        help="instead of the keep rates: the test check after each keep, read "
+                             "for the confirmation re-runs and for fresh runs")
     parser.add_argument("--noisy-candidates", type=float, default=1.0,
                         help="every candidate's run-to-run SD as a multiple of the baseline's "
                              "(its expected accuracy unchanged): the pooled spread's blind spot")
@@ -259,7 +378,8 @@ def main() -> None:
     study = Study(name="bench", budget={"max_trials": args.candidates + 1,
                                         "confirm_seeds": args.confirm_seeds,
                                         "max_confirm_trials": args.max_confirm_trials,
-                                        "seed_bank": args.seed_bank})
+                                        "seed_bank": args.seed_bank,
+                                        "test_seeds": args.test_seeds})
     rule = keep_rule_for(study.budget)
     print("command: python bench/bench_keep_rule.py " + " ".join(sys.argv[1:]))
     print(f"{args.studies} simulated studies per cell; baseline + {args.candidates} candidates; "
@@ -269,10 +389,16 @@ def main() -> None:
     print(rule.budget.describe())
     se = math.sqrt(0.05 * 0.95 / args.studies)
     print(f"(a rate of 5% is measured to +-{1.96 * se:.1%} at this many studies)\n")
+    started = time.time()
+    if args.test_check:
+        print(f"test check of each kept change, {args.test_seeds} fresh run(s) a side; "
+              "intervals two-sided 95%, a claim is an interval above 0\n")
+        test_check_table(args, study)
+        print(f"\n{time.time() - started:.0f}s")
+        return
     print("| run SD | dev tasks | planted effect | measures | OLD | TASKS | POOLED | NEW | "
           "NEW / POOLED |")
     print("|---|---|---|---|---|---|---|---|---|")
-    started = time.time()
     for run_points in args.run_sds:
         for tasks in args.sizes:
             for k, effect in enumerate(args.effects):
