@@ -404,6 +404,37 @@ def run_mean(runs: Sequence[Outcomes], alpha: float = 0.05) -> Estimate:
     return Estimate(mean, max(0.0, mean - half), min(1.0, mean + half), len(runs))
 
 
+def runs_and_questions_mean(runs: Sequence[Outcomes], alpha: float = 0.05) -> Estimate:
+    """One config's accuracy as it would generalise to other runs and other questions: the
+    mean over runs and the tasks they share, with a t interval whose variance combines both
+    sources (a crossed two-way random-effects model: `(MS_runs + MS_tasks - MS_error) / (R Q)`,
+    Satterthwaite's degrees of freedom, never below either main effect's own share). `run_mean`
+    holds the questions fixed; this one does not. One run gives its Wilson interval."""
+    runs = [run for run in runs if run]
+    if not runs:
+        return Estimate(0.0, 0.0, 1.0, 0)
+    tasks = sorted(set.intersection(*(set(run) for run in runs)))
+    if len(runs) == 1 or len(tasks) < 2:
+        run = runs[0]
+        return wilson(sum(bool(v) for v in run.values()), len(run))
+    x = np.array([[float(bool(run[t])) for t in tasks] for run in runs])
+    r, q = x.shape
+    mean = float(x.mean())
+    run_means, task_means = x.mean(1), x.mean(0)
+    ms_runs = q * float(((run_means - mean) ** 2).sum()) / (r - 1)
+    ms_tasks = r * float(((task_means - mean) ** 2).sum()) / (q - 1)
+    resid = x - run_means[:, None] - task_means[None, :] + mean
+    ms_error = float((resid ** 2).sum()) / ((r - 1) * (q - 1))
+    combined = max(ms_runs + ms_tasks - ms_error, ms_runs, ms_tasks)
+    if combined <= 0:  # every answer alike: a question's binomial noise, shrunk off 0 and 1
+        combined = _run_spread(0.0, mean, q) ** 2 * r * q
+    terms = (ms_runs ** 2 / (r - 1) + ms_tasks ** 2 / (q - 1)
+             + ms_error ** 2 / ((r - 1) * (q - 1)))
+    df = combined ** 2 / terms if terms > 0 else float(r - 1)
+    half = float(student_t.ppf(1 - alpha / 2, max(df, 1.0))) * math.sqrt(combined / (r * q))
+    return Estimate(mean, max(0.0, mean - half), min(1.0, mean + half), len(runs))
+
+
 def detectable_gain(run_sd: float, df: int, seeds: int, alpha: float,
                     power: float = 0.8) -> float | None:
     """The smallest true gain a run-level comparison of `seeds` runs a side finds with

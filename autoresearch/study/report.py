@@ -21,6 +21,7 @@ from autoresearch.evaluation.stats import (
     paired_exact_test,
     run_level_test,
     run_mean,
+    runs_and_questions_mean,
 )
 from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.progress import describe, where
@@ -73,7 +74,9 @@ def _paired(a: dict[str, Any] | None, b: dict[str, Any] | None, split: str) -> E
 
 
 def _runs_cell(runs: list) -> str:
-    est = run_mean(runs)
+    """A config's accuracy over its runs, its interval over runs and questions alike (what
+    another run on other questions of the same kind would score)."""
+    est = runs_and_questions_mean(runs)
     what = f"mean of {len(runs)} runs" if len(runs) > 1 else "1 run"
     return f"{est.value:.3f} [{est.low:.3f}, {est.high:.3f}] ({what})"
 
@@ -315,6 +318,11 @@ def build(journal: Journal) -> list[Block]:
         blocks.append(Block("table", headers=[
             "split", f"base config (baseline {baseline['id'] if baseline else '-'})",
             f"best config ({best['id']})", "best - base (95% CI)"], rows=rows))
+        if any(row[0].endswith(")") and "runs" in row[0] for row in rows):
+            blocks.append(Block("p", "A config's accuracy over several runs has a 95% interval "
+                                "over runs and questions alike (what another run would score "
+                                "on other questions of the same kind); its difference from the "
+                                "base config is paired on the same questions, over runs."))
         if not same and test_gain is not None and not unfinished_study:
             verdict = ("improves" if test_gain.low > 0 else "hurts" if test_gain.high < 0
                        else "does not measurably change")

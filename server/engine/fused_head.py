@@ -26,8 +26,9 @@ from server.engine import invariance
 VOCAB_BLOCK = 4096
 """Vocabulary rows per block: a block's fp32 tensors are 16 KiB per position, 8 MiB for a chunk
 of 512 positions, so a block's passes run from cache. On Gemma 3's head (2 cores of an AMD
-EPYC, bf16, 512 positions, forward and backward) 4096 took 2.2 s, 16384 5.3 s, 1024 2.5 s,
-the whole vocabulary at once 6.7 s; its three GEMMs alone 1.6 s."""
+EPYC, bf16, 512 positions, forward and backward, `bench/bench_fused_head.py`) 4096 took 2.18 s,
+2048 2.17 s, 1024 2.23 s, 16384 3.17 s, the whole vocabulary at once 5.50 s; its three GEMMs
+alone 1.61 s."""
 
 
 def vocab_blocks(vocab: int) -> list[tuple[int, int]]:

@@ -222,3 +222,42 @@ def test_a_configs_accuracy_over_runs_holds_each_runs_luck():
     assert math.isclose(est.high - est.value, half, rel_tol=1e-9)
     assert run_mean(_runs([0.5])) == wilson(20, 40)  # one run: over tasks only
     assert run_mean([]).n == 0
+
+
+def _crossed(rng, runs: int, questions: int, run_sd: float, question_sd: float):
+    """Answers whose chance is 0.5 + a run's luck + a question's difficulty (both symmetric, so
+    the accuracy over all runs and questions of this kind is exactly 0.5)."""
+    luck = rng.normal(0, run_sd, runs)
+    difficulty = rng.normal(0, question_sd, questions)
+    p = np.clip(0.5 + luck[:, None] + difficulty[None, :], 0, 1)
+    right = rng.random((runs, questions)) < p
+    return [{f"q{j:03d}": bool(right[i, j]) for j in range(questions)} for i in range(runs)]
+
+
+@pytest.mark.parametrize("run_sd,question_sd", [(0.05, 0.3), (0.1, 0.05), (0.0, 0.4)])
+def test_an_interval_over_runs_and_questions_covers_the_accuracy_of_both(run_sd, question_sd):
+    """Other runs and other questions of the same kind: the crossed interval covers their
+    accuracy about 95% of the time; the interval over runs alone (questions held fixed) misses
+    it far more often when questions vary more than runs."""
+    from autoresearch.evaluation.stats import run_mean, runs_and_questions_mean
+
+    rng = np.random.default_rng(11)
+    trials, crossed_hits, fixed_hits = 400, 0, 0
+    for _ in range(trials):
+        runs = _crossed(rng, 8, 200, run_sd, question_sd)
+        crossed = runs_and_questions_mean(runs)
+        fixed = run_mean(runs)
+        crossed_hits += crossed.low <= 0.5 <= crossed.high
+        fixed_hits += fixed.low <= 0.5 <= fixed.high
+    assert 0.92 <= crossed_hits / trials <= 0.98  # measured: 0.945, 0.938, 0.953
+    if question_sd >= 0.3:
+        assert fixed_hits / trials < 0.9  # measured: 0.87 and 0.77
+
+
+def test_the_crossed_interval_of_one_run_or_no_spread():
+    from autoresearch.evaluation.stats import runs_and_questions_mean, wilson
+
+    assert runs_and_questions_mean(_runs([0.5])) == wilson(20, 40)
+    assert runs_and_questions_mean([]).n == 0
+    all_wrong = runs_and_questions_mean(_runs([0.0, 0.0, 0.0]))
+    assert all_wrong.value == 0.0 and all_wrong.high > 0.0  # no spread is no proof of none
