@@ -1,0 +1,89 @@
+"""Decoding through the SDK at batch width: greedy against sampling, and the scheduler's
+batching window against a wider one, in one run on one in-process server.
+
+48 random 100-token prompts on the embedded Gemma 3 270M, 64 new tokens each (no stop), each
+prompt its own `sample` request, all submitted at once from one `SamplingClient` (as a study's
+evaluation or an RL group does), then every result awaited. Rounds alternate greedy (temperature
+0) and sampling (temperature 1) under the scheduler's batching window (`sample_quiet_seconds`,
+`sample_gather_seconds`) and under a wider one (30 ms of quiet, 300 ms at most). Prints
+tokens per second and how many engine batches each round took (a round split in two decodes
+its stragglers at a fraction of the width).
+
+    python bench/bench_sdk_decode.py [--prompts 48] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_multirun import bench_server, loadavg, quiet  # noqa: E402
+
+WIDER_WINDOW = (0.03, 0.3)
+"""(quiet, at most) seconds of a wider sampling window than the scheduler's default."""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--prompts", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--model", default=None)
+    args = parser.parse_args()
+    args.quick = False
+    quiet()
+    from tinker import types
+
+    with bench_server(args) as bench:
+        scheduler = bench.service.scheduler
+        windows = {"now": (scheduler.sample_quiet_seconds, scheduler.sample_gather_seconds),
+                   "wider": WIDER_WINDOW}
+        sampler = bench.client.create_sampling_client(base_model=bench.base_model)
+        rng = np.random.default_rng(0)
+        prompts = [types.ModelInput.from_ints(
+            rng.integers(10, bench.engine.vocab_size - 10, size=100).tolist())
+            for _ in range(args.prompts)]
+
+        def round_(temperature: float) -> tuple[float, float]:
+            params = types.SamplingParams(max_tokens=64, temperature=temperature, seed=1,
+                                          stop=[])
+            before = bench.batch_stats("sample")[0]
+            started = time.perf_counter()
+            futures = [sampler.sample(p, 1, params) for p in prompts]
+            tokens = sum(len(s.tokens) for f in futures for s in f.result().sequences)
+            seconds = time.perf_counter() - started
+            return tokens / seconds, bench.batch_stats("sample")[0] - before
+
+        round_(1.0)  # connections, first-touch allocations
+        results: dict[tuple[str, float], list[tuple[float, float]]] = {}
+        for _ in range(args.rounds):
+            for name, (quiet_s, gather_s) in windows.items():
+                scheduler.sample_quiet_seconds, scheduler.sample_gather_seconds = quiet_s, gather_s
+                for temperature in (0.0, 1.0):
+                    rate, batches = round_(temperature)
+                    results.setdefault((name, temperature), []).append((rate, batches))
+                    print(f"  window {name} T={temperature:g}: {rate:.0f} tokens/s in "
+                          f"{batches:.0f} batch(es)", flush=True)
+        scheduler.sample_quiet_seconds, scheduler.sample_gather_seconds = windows["now"]
+    print(f"\n{args.prompts} requests x 64 new tokens, median of {args.rounds} rounds; "
+          f"load average {loadavg()}\n")
+    print("| window | greedy tokens/s (batches) | sampling tokens/s (batches) | "
+          "greedy / sampling |")
+    print("| --- | --- | --- | --- |")
+    for name, (quiet_s, gather_s) in windows.items():
+        cells = []
+        for temperature in (0.0, 1.0):
+            got = results[(name, temperature)]
+            cells.append((statistics.median(r for r, _ in got), [int(b) for _, b in got]))
+        (greedy, gb), (sampled, sb) = cells
+        print(f"| {name}: {quiet_s * 1000:.0f} ms quiet, {gather_s * 1000:.0f} ms at most | "
+              f"{greedy:.0f} ({gb}) | {sampled:.0f} ({sb}) | {greedy / sampled:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
