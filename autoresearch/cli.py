@@ -144,6 +144,29 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_holdout(args: argparse.Namespace) -> int:
+    """Score the frozen held-out split once and append the read to its ledger."""
+    from autoresearch.rl.checkpoint_eval import EvalRequest, report_lines, score
+    from autoresearch.rl.holdout_ledger import append, entry, reads
+
+    for option in ("questions", "spider", "bird", "corpus", "dialect", "split_seed"):
+        setattr(args, option, None)
+    args.database = []
+    config, checkpoint, data_dir = _eval_config(args)
+    served = args.trial is None and args.config is None and args.base_model is None
+    ledger = args.ledger
+    print(f"the held-out split has been read {len(reads(ledger))} time(s) before (ledger "
+          f"{ledger})")
+    request = EvalRequest(config, "holdout", checkpoint, None, served)
+    model = args.model or (config.base_model if Path(config.base_model).is_dir() else None)
+    with server_url(args.server_url, data_dir or Path("runs") / "server-data", model) as url:
+        answer = score(request, url, _api_key())
+    print("\n".join(report_lines(answer, 0)))
+    count = append(entry(answer, ["autoresearch", *args.argv], args.note), ledger)
+    print(f"appended to {ledger}: read {count}")
+    return 0
+
+
 class _ProgressLogHandler(logging.Handler):
     """Study log lines printed through the progress display, so they never tear its bars."""
 
@@ -356,6 +379,30 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--worst", type=int, default=5, help="failures printed")
     scoring.set_defaults(func=cmd_eval)
 
+    from sqltasks.holdout.split import LEDGER
+
+    held = sub.add_parser(
+        "holdout", help="score the frozen held-out split once, appending the read to its ledger",
+        description="The one command that reads the frozen held-out split (hand-written "
+                    "questions on two databases, each in two copies, fixed by a content hash): "
+                    "it scores a trial's final checkpoint, any tinker:// checkpoint or the base "
+                    "model, prints the result and appends it to the split's ledger. Tune on dev "
+                    "and transfer, never on this.")
+    held.add_argument("--trial", type=Path, default=None,
+                      help="a trial directory: its config and final checkpoint")
+    held.add_argument("--checkpoint", default=None, help="a tinker:// checkpoint path")
+    held.add_argument("--config", type=Path, default=None, help="a trial config YAML")
+    for flag in ("--vote", "--max-tokens", "--sample-rows", "--max-schema-chars"):
+        held.add_argument(flag, type=int, default=None)
+    held.add_argument("--snap", action="store_true", help="snap unknown names and values")
+    held.add_argument("--prompt-style", choices=["base", "chat"], default=None)
+    for flag in ("--tokenizer", "--base-model", "--server-url", "--model"):
+        held.add_argument(flag, default=None)
+    held.add_argument("--data-dir", type=Path, default=None)
+    held.add_argument("--note", default=None, help="why this read (kept in the ledger)")
+    held.add_argument("--ledger", type=Path, default=LEDGER, help="the ledger to append to")
+    held.set_defaults(func=cmd_holdout)
+
     run = sub.add_parser("run", help="run a study unattended (resumes it if its journal exists)")
     run.add_argument("study", type=Path, help="study YAML")
     run.add_argument("--out", default=None, type=Path,
@@ -395,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     # The SDK logs every long-poll that ends in "try again" (normal while a batch runs).
     logging.getLogger("tinker").setLevel(logging.ERROR)
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if not (getattr(args, "server_url", None) or os.environ.get("TINKER_BASE_URL")):
         # An embedded server may run in this process: its host-memory policy has to come
         # before any thread allocates, or the engine's thread may map and unmap every large

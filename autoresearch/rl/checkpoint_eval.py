@@ -21,6 +21,7 @@ from autoresearch.rl.config import TrialConfig
 from autoresearch.rl.tasks import source_summary, split_tasks
 from rewards import RewardPool, Task
 from sqltasks import load_corpus
+from sqltasks.holdout.split import load_holdout
 
 WORST_SHOWN = 5
 
@@ -44,6 +45,8 @@ def request_tasks(request: EvalRequest) -> list[Task]:
     config = request.config
     if request.split == "transfer":
         tasks = load_corpus("transfer")
+    elif request.split == "holdout":
+        tasks = list(load_holdout())
     else:
         tasks = split_tasks(config, request.split)
     if request.limit is not None and request.limit < len(tasks):
@@ -94,7 +97,8 @@ def score(request: EvalRequest, server_url: str, api_key: str) -> dict[str, Any]
     return {
         "model": request.checkpoint or config.base_model,
         "tasks_from": _described(config, request.split),
-        "loaded": source_summary(config) if request.split != "transfer" else None,
+        "loaded": (source_summary(config) if request.split not in ("transfer", "holdout")
+                   else None),
         "wall_seconds": round(time.time() - started, 1),
         **summary,
     }
@@ -103,6 +107,8 @@ def score(request: EvalRequest, server_url: str, api_key: str) -> dict[str, Any]
 def _described(config: TrialConfig, split: str) -> str:
     if split == "transfer":
         return "the hand-written transfer split"
+    if split == "holdout":
+        return "the frozen held-out split"
     if config.tasks is None:
         return f"the {config.corpus} corpus (seed {config.corpus_seed})"
     return f"{config.tasks.source} source {config.tasks.path}"
