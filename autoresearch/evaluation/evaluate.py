@@ -192,6 +192,13 @@ def evaluate(
             "chose_greedy": sum(i == 0 for i in picks),
             "any_correct": sum(any(x.correct for x in r) for r in scored),
         }
+        # The same vote without its preference for non-empty answers (which pays where every
+        # gold answers something, as on the corpora and the transfer split).
+        plain = [r[choose_by_vote(r, prefer_non_empty=False)] for r in scored]
+        result.decoding.update({
+            "any_answer_vote_correct": sum(r.correct for r in plain),
+            "any_answer_vote_execute_rate": sum(r.components.executes > 0 for r in plain) / n,
+        })
     if any(snapping.values()):
         as_written = reward.model_copy(update={"snap_names": False, "snap_values": False})
         written = pool.score_many([(c[0], t) for t, c in zip(tasks, candidates)], as_written)

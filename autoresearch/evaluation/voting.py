@@ -13,7 +13,9 @@ MBR-exec (Shi et al., 2022) and the self-consistency decoding that SLM-SQL's fig
     4. when nothing ran, answer with the first candidate.
 
 It reads only what a user has at inference: the candidates and what they return on their own
-database. The gold result never enters the choice.
+database. The gold result never enters the choice. Step 2 helps wherever golds always answer
+something (the corpora and the transfer split guarantee it), which a user's questions need not;
+`prefer_non_empty=False` leaves it out, and evaluation reports the vote both ways.
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ from collections.abc import Sequence
 from rewards import ScoreResult
 
 
-def vote(candidates: Sequence[ScoreResult]) -> int:
-    """The index of the candidate to answer with (see the module's rule)."""
+def vote(candidates: Sequence[ScoreResult], prefer_non_empty: bool = True) -> int:
+    """The index of the candidate to answer with (see the module's rule; without step 2 when
+    `prefer_non_empty` is False)."""
     if not candidates:
         raise ValueError("vote needs at least one candidate")
     ran = [i for i, c in enumerate(candidates) if c.answer is not None]
     if not ran:
         return 0
-    non_empty = [i for i in ran if candidates[i].answer_rows > 0]
+    non_empty = [i for i in ran if candidates[i].answer_rows > 0] if prefer_non_empty else []
     pool = non_empty or ran
     groups: dict[str, list[int]] = {}
     for i in pool:

@@ -126,6 +126,9 @@ def report_lines(answer: dict[str, Any], worst: int = WORST_SHOWN) -> list[str]:
     if decoding.get("mode") == "vote":
         lines.append(f"  decoding: vote of {decoding['candidates']}; greedy alone "
                      f"{decoding['greedy_correct']} of {acc['n']}")
+        if "any_answer_vote_correct" in decoding:
+            lines.append(f"  the vote without its preference for non-empty answers: "
+                         f"{decoding['any_answer_vote_correct']} of {acc['n']}")
     if "written_correct" in decoding:
         lines.append(f"  as written (no snapping): {decoding['written_correct']} of {acc['n']}")
     lines.append(f"  executing {answer['execute_rate']:.3f}   parsing {answer['parse_rate']:.3f}"

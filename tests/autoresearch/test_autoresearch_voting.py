@@ -37,6 +37,12 @@ def test_a_non_empty_answer_beats_more_empty_ones():
     assert vote([_ran("empty", rows=0), _ran("empty", rows=0)]) == 0
 
 
+def test_without_the_preference_the_largest_group_wins_even_when_empty():
+    candidates = [_ran("empty", rows=0), _ran("empty", rows=0), _ran("x")]
+    assert vote(candidates, prefer_non_empty=False) == 0
+    assert vote([_ran("a"), _ran("b"), _ran("b")], prefer_non_empty=False) == 1
+
+
 def test_the_gold_never_enters_the_choice():
     right_once = [_ran("a"), _ran("a"), _ran("b", correct=True)]
     assert vote(right_once) == 0
@@ -106,6 +112,8 @@ def test_evaluation_answers_by_vote_and_keeps_the_greedy_figures_beside_it():
         ("vote", 4, 0, 0)
     assert d["greedy_verdicts"] == {"t1": False} and d["greedy_execute_rate"] == 0.0
     assert d["any_correct"] == 1
+    # the vote without its preference for non-empty answers is reported beside it
+    assert (d["any_answer_vote_correct"], d["any_answer_vote_execute_rate"]) == (1, 1.0)
     assert greedy.verdicts == {"t1": False} and greedy.decoding == {"mode": "greedy"}
 
 
@@ -142,3 +150,16 @@ def test_evaluation_with_snapped_values_repairs_a_strings_case_and_says_so():
     assert "snap_names" not in values.decoding and values.decoding["snapped"] == 1
     assert both.verdicts == {"t1": True} and both.decoding["snapped"] == 1
     assert both.decoding["written_verdicts"] == {"t1": False}
+
+
+def test_the_vote_is_reported_without_its_preference_for_non_empty_answers():
+    """Two empty answers agree, one sampled query returns the gold's rows: the vote as shipped
+    answers with the non-empty one; without that preference the empty majority wins."""
+    texts = ["SELECT name FROM pets WHERE kind = 'bird'",
+             "SELECT name FROM pets WHERE kind = 'fish'", GOLD]
+    task = Task(setup_sql=SETUP, question="Which pets are dogs?", gold_sql=GOLD, id="t1")
+    with RewardPool(workers=1) as pool:
+        voted = evaluate(_Sampler(), _Tokenizer(texts), [task], "dev", pool,
+                         RewardConfig(extract=False), vote=2, vote_temperature=0.7)
+    assert voted.verdicts == {"t1": True}
+    assert voted.decoding["any_answer_vote_correct"] == 0
