@@ -123,8 +123,8 @@ def whole_head_matches_blocks(features: int, vocab: int, dtype: torch.dtype,
     del threads, block  # part of the cache key: the kernel's threading can change its order
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(PROBE_ROWS, features, generator=generator).to(device=device, dtype=dtype)
-    block = torch.randn(min(vocab, 1024), features, generator=generator)
-    weight = block.repeat(-(-vocab // block.shape[0]), 1)[:vocab].to(device=device, dtype=dtype)
+    block = torch.randn(min(vocab, 1024), features, generator=generator).to(device, dtype)
+    weight = block.repeat(-(-vocab // block.shape[0]), 1)[:vocab]
     deltas = []
     for k, rank in enumerate(ranks):
         rows = slice(k * PROBE_ROWS // len(ranks), (k + 1) * PROBE_ROWS // len(ranks))
