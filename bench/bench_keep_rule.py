@@ -197,7 +197,7 @@ def decided_study(world: World, candidates: int, study: Study, run_level: bool =
             continue
         if not isinstance(decision, Verdict):
             raise RuntimeError(f"every simulated trial has finished, yet: {decision}")
-        decision.candidate["decision"] = {"kept": decision.kept}
+        decision.candidate["decision"] = {"kept": decision.kept, "rule": decision.rule}
         if decision.kept:
             best = decision.candidate
     if best is not None and best["role"] == "baseline":

@@ -308,12 +308,16 @@ def replicates(candidate: Trial, incumbent: Trial, trials: Sequence[Trial], budg
 
 def missing_test_runs(trials: Sequence[Trial], best_id: str | None,
                       seeds: EvidenceSeeds) -> list[tuple[Trial, int]]:
-    """(contender, seed) runs the test check still needs: with a change kept, the kept config
-    and the base config each on every test seed, none of them a run any dev decision read."""
+    """(contender, seed) runs the test check still needs: with a change kept by a confirmation,
+    the kept config and the base config each on every test seed, none of them a run any dev
+    decision read. A best that is only the reference (the baseline was stopped on request) was
+    never compared with the base config: nothing is run again for it."""
     baseline = next((t for t in trials if t["role"] == "baseline"), None)
     if best_id is None or baseline is None or best_id == baseline["id"]:
         return []
     best = next(t for t in trials if t["id"] == best_id)
+    if (best.get("decision") or {}).get("rule") != "confirmation":
+        return []
     have = {(t["config_key"], t["seed"]) for t in trials if t["role"] == "fresh"}
     return [(contender, seed) for contender in (best, baseline) for seed in seeds.test
             if (contender["config_key"], seed) not in have]
