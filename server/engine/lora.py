@@ -151,11 +151,9 @@ class MultiLoRALinear(nn.Module):
         super().__init__()
         self.base = base
         self.name = name
-        self.out_dtype: torch.dtype | None = (
-            torch.float32 if name.rsplit(".", 1)[-1] in UNEMBED_MODULES else None
-        )
-        """The dtype of routed outputs: float32 for the output head, whose logits are read in
-        float32 anyway, so an fp32 adapter's delta reaches them unrounded; else the base's."""
+        self.is_head = name.rsplit(".", 1)[-1] in UNEMBED_MODULES
+        """The output head: its logits come back in float32, one vocabulary block at a time
+        (`fused_head`), so an fp32 adapter's delta reaches them unrounded."""
 
     @property
     def weight(self) -> torch.Tensor:  # keeps tied-weight and dtype lookups working
@@ -185,38 +183,30 @@ class MultiLoRALinear(nn.Module):
 
         A half-precision base layer under fp32 activations (`model_loading.low_precision_
         matmuls`) multiplies `x` cast down and gives its output back in `x`'s dtype."""
-        if self.out_dtype is not None:
-            return self._head_2d(x, per_row)
+        routed = self._routed_rows(per_row)
+        if self.is_head:
+            # The blocks, and so the bits, that training's fused head computes for these rows.
+            deltas = fused_head.head_deltas(routed, self.name)
+            lows = fused_head.low_rank(x, deltas)
+            return fused_head.head_logits(x, self.base.weight, deltas, lows)
         weight, bias = self.base.weight, self.base.bias
         if x.dtype == weight.dtype:
             out = invariance.linear(x, weight, bias)
         else:
             out = invariance.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
-        plan = _ROUTING.get()
-        if plan is None or not plan.routed:
-            return out
-        routed = [
-            RowGroup(g.adapter, g.start * per_row, g.stop * per_row)
-            for g in plan.routed
-            if self.name in g.adapter.a
-        ]
         if not routed:
             return out
-        final = self.out_dtype or out.dtype
         if len(routed) == 1 and routed[0].start == 0 and routed[0].stop == x.shape[0]:
-            return (out + self._delta(x, routed[0].adapter)).to(final)
-        return self._grouped(x, out, routed).to(final)
+            return (out + self._delta(x, routed[0].adapter)).to(out.dtype)
+        return self._grouped(x, out, routed).to(out.dtype)
 
-    def _head_2d(self, x: torch.Tensor, per_row: int) -> torch.Tensor:
-        """The output head's fp32 logits, one vocabulary block at a time (`fused_head`): the
-        blocks, and so the bits, that training's fused head computes for the same rows."""
+    def _routed_rows(self, per_row: int) -> list[RowGroup]:
+        """The current routing's groups whose adapter covers this layer, in rows of `x`."""
         plan = _ROUTING.get()
-        routed = [] if plan is None else [
-            RowGroup(g.adapter, g.start * per_row, g.stop * per_row) for g in plan.routed
-        ]
-        deltas = fused_head.head_deltas(routed, self.name)
-        lows = fused_head.low_rank(x, deltas)
-        return fused_head.head_logits(x, self.base.weight, deltas, lows)
+        if plan is None:
+            return []
+        return [RowGroup(g.adapter, g.start * per_row, g.stop * per_row)
+                for g in plan.routed if self.name in g.adapter.a]
 
     def _grouped(self, x: torch.Tensor, out: torch.Tensor, routed: list[RowGroup]) -> torch.Tensor:
         """Each group's delta from its own rows and its own adapter only (a segmented product);
@@ -224,8 +214,6 @@ class MultiLoRALinear(nn.Module):
         same `out + delta` summed in float32, so scoring and training agree to the bit."""
         batch = x.shape[0]
         if not torch.is_grad_enabled():
-            if self.out_dtype is not None:
-                out = out.to(self.out_dtype)
             for group in routed:
                 rows = x[group.start : group.stop]
                 out[group.start : group.stop] += self._delta(rows, group.adapter)
