@@ -128,17 +128,26 @@ def _eval_config(args: argparse.Namespace) -> tuple[TrialConfig, str | None, Pat
     return TrialConfig.model_validate(data), checkpoint, data_dir
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    from autoresearch.rl.checkpoint_eval import EvalRequest, report_lines, score, write_answer
+def _score(args: argparse.Namespace, split: str, limit: int | None) -> tuple[dict, str]:
+    """What `eval` and `holdout` both do: the config and checkpoint the command line names,
+    scored on `split` through the given server or an embedded one; with what was named (the
+    checkpoint, else the config's base model)."""
+    from autoresearch.rl.checkpoint_eval import EvalRequest, score
 
     config, checkpoint, data_dir = _eval_config(args)
     served = args.trial is None and args.config is None and args.base_model is None
-    request = EvalRequest(config, args.split, checkpoint, args.limit, served)
-    label = (checkpoint or config.base_model).rstrip("/").replace("tinker://", "")
-    out = args.out or Path("runs") / "eval" / f"{label.replace('/', '_')}-{args.split}.json"
+    request = EvalRequest(config, split, checkpoint, limit, served)
     model = args.model or (config.base_model if Path(config.base_model).is_dir() else None)
     with server_url(args.server_url, data_dir or Path("runs") / "server-data", model) as url:
-        answer = score(request, url, _api_key())
+        return score(request, url, _api_key()), checkpoint or config.base_model
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from autoresearch.rl.checkpoint_eval import report_lines, write_answer
+
+    answer, named = _score(args, args.split, args.limit)
+    label = named.rstrip("/").replace("tinker://", "")
+    out = args.out or Path("runs") / "eval" / f"{label.replace('/', '_')}-{args.split}.json"
     print("\n".join(report_lines(answer, args.worst)))
     print(f"written: {write_answer(answer, out)}")
     return 0
@@ -146,21 +155,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_holdout(args: argparse.Namespace) -> int:
     """Score the frozen held-out split once and append the read to its ledger."""
-    from autoresearch.rl.checkpoint_eval import EvalRequest, report_lines, score
+    from autoresearch.rl.checkpoint_eval import report_lines
     from autoresearch.rl.holdout_ledger import append, entry, reads
 
-    for option in ("questions", "spider", "bird", "corpus", "dialect", "split_seed"):
-        setattr(args, option, None)
-    args.database = []
-    config, checkpoint, data_dir = _eval_config(args)
-    served = args.trial is None and args.config is None and args.base_model is None
     ledger = args.ledger
     print(f"the held-out split has been read {len(reads(ledger))} time(s) before (ledger "
           f"{ledger})")
-    request = EvalRequest(config, "holdout", checkpoint, None, served)
-    model = args.model or (config.base_model if Path(config.base_model).is_dir() else None)
-    with server_url(args.server_url, data_dir or Path("runs") / "server-data", model) as url:
-        answer = score(request, url, _api_key())
+    answer, _ = _score(args, "holdout", None)
     print("\n".join(report_lines(answer, 0)))
     count = append(entry(answer, ["autoresearch", *args.argv], args.note), ledger)
     print(f"appended to {ledger}: read {count}")
@@ -401,7 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
     held.add_argument("--data-dir", type=Path, default=None)
     held.add_argument("--note", default=None, help="why this read (kept in the ledger)")
     held.add_argument("--ledger", type=Path, default=LEDGER, help="the ledger to append to")
-    held.set_defaults(func=cmd_holdout)
+    # No task source to choose: the split is the frozen one (`_eval_config` reads these).
+    held.set_defaults(func=cmd_holdout, database=[], questions=None, spider=None, bird=None,
+                      corpus=None, dialect=None, split_seed=None)
 
     run = sub.add_parser("run", help="run a study unattended (resumes it if its journal exists)")
     run.add_argument("study", type=Path, help="study YAML")
