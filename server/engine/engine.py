@@ -126,6 +126,10 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
         chunk's full `[positions, vocabulary]` fp32 logits, log-softmax and gather, checkpointed
         (the earlier computation, kept as the reference a benchmark and the tests compare with;
         its bits differ from the sampler's)."""
+        self.fuse_invariant_runs = True
+        """Under invariance several runs' training micro-batches share one body pass, each with
+        the bits it has alone (`PackedTraining._forward_invariant`); off: each micro-batch runs
+        its own pass, as before (the reference a benchmark and the tests compare with)."""
         self.first_token_from_scoring = True
         """A one-token request that also asks for its prompt's logprobs (`compute_logprobs`)
         draws its token from the scoring forward under invariance; off: a second prefill, as
@@ -150,9 +154,9 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
             batch_invariant = os.environ.get(BATCH_INVARIANT_ENV, default) != "0"
         self.batch_invariant = batch_invariant and self._can_pack
         """The invariant path runs (see `invariance` and `invariant_attention`): each training
-        job runs its own micro-batches, prefill and decoding stay fused on position-aligned
-        attention. Needs the packed attention hook (Gemma 3's layer types); other models run
-        fused."""
+        job keeps its own micro-batches (their body passes fused with other runs'), prefill and
+        decoding stay fused on position-aligned attention. Needs the packed attention hook
+        (Gemma 3's layer types); other models run fused."""
 
     @property
     def invariance_guaranteed(self) -> bool:

@@ -181,16 +181,19 @@ thousand."""
 
 @functools.cache
 def half_rows_are_invariant(
-    features: int, outputs: int, dtype: torch.dtype, device: torch.device, threads: int
+    features: int, outputs: int, dtype: torch.dtype, device: torch.device, threads: int,
+    transposed: bool = False,
 ) -> bool:
     """Whether this machine's half-precision GEMM `[rows, features] @ [features, outputs]` gives
     each row the bits it has in a large product for every probed count of at least
-    `MIN_HALF_ROWS` rows. Measured once per shape, dtype, device and thread count on the
-    probe's random inputs (`_probe_operands`)."""
+    `MIN_HALF_ROWS` rows. Measured once per shape, dtype, device, thread count and weight
+    layout on the probe's random inputs (`_probe_operands`): `F.linear`'s `[outputs, features]`
+    weight, or with `transposed` the transposed view of a `[features, outputs]` one (the
+    layout of a layer's backward, `grad @ weight`)."""
     del threads  # part of the cache key
     rows = max(64, min(16384, HALF_PROBE_OUTPUTS // max(1, outputs)))
     x, weight_t = _probe_operands(rows, features, outputs, dtype, device)
-    weight = weight_t.T
+    weight = weight_t.T if transposed else weight_t.T.contiguous()
     with torch.no_grad():
         whole = F.linear(x, weight)
         for count in HALF_PROBE_ROWS:
@@ -205,11 +208,24 @@ def half_rows_are_invariant(
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """`F.linear` of 2-D `x`; under invariance tiled when the product is fp32 (or half precision
     on a machine whose half GEMM the probe finds row-count dependent), and of at least
-    `MIN_HALF_ROWS` rows when it is half precision."""
+    `MIN_HALF_ROWS` rows when it is half precision.
+
+    A frozen layer's backward (`grad @ weight`, the gradient of `x`) follows the same rule, so
+    a row's gradient does not depend on the rows beside it either: rows of several runs can
+    share one product in training as well as in sampling."""
     if not (_ROW_INVARIANT.get() and x.dim() == 2):
         return F.linear(x, weight, bias)
+    if torch.is_grad_enabled() and x.requires_grad and not weight.requires_grad:
+        return _FrozenLinear.apply(x, weight, bias)
+    return _rows_product(x, weight, bias)
+
+
+def _rows_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  transposed: bool = False) -> torch.Tensor:
+    """`x @ weight.T (+ bias)` with every row's bits independent of the row count; `transposed`
+    says `weight` is the transposed view of a contiguous matrix (a backward's layout)."""
     if x.dtype == torch.float32 or not half_rows_are_invariant(
-            x.shape[1], weight.shape[0], x.dtype, x.device, torch.get_num_threads()):
+            x.shape[1], weight.shape[0], x.dtype, x.device, torch.get_num_threads(), transposed):
         out = tiled_matmul(x, weight.T)
         return out + bias if bias is not None else out
     rows = x.shape[0]
@@ -217,3 +233,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
         return F.linear(x, weight, bias)
     padded = torch.cat([x, x.new_zeros((MIN_HALF_ROWS - rows, x.shape[1]))])
     return F.linear(padded, weight, bias)[:rows]
+
+
+class _FrozenLinear(torch.autograd.Function):
+    """A frozen layer's product under invariance whose backward is row-invariant too.
+
+    Autograd's own backward of `F.linear` is one `grad @ weight` over all rows, whose kernel
+    the probes never measured; here it is the forward's rule applied to the transposed weight,
+    probed in that layout."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor,  # type: ignore[override]
+                bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(weight)
+        return _rows_product(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        (weight,) = ctx.saved_tensors
+        grad = grad.contiguous().to(weight.dtype)
+        return _rows_product(grad, weight.t(), None, transposed=True), None, None

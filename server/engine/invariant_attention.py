@@ -23,7 +23,7 @@ Queries are folded by key head (grouped-query attention) and padded to a multipl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -95,13 +95,20 @@ def block_attention(
     # gradient: detached, backward skips the max's pass.
     top = scores.detach().amax(dim=-1, keepdim=True)
     weights = torch.exp(scores - top)
-    total = out = None
-    for start in range(0, hi - lo, KEY_BLOCK):  # block by block, block 0 first
-        block = slice(start, start + KEY_BLOCK)
-        part_sum = weights[..., block].sum(-1)
-        part_out = torch.matmul(weights[..., block], values[:, :, block])
-        total = part_sum if total is None else total + part_sum
-        out = part_out if out is None else out + part_out
+    # Every block's sums and values product at once (one batched product over the blocks),
+    # then the blocks' partial sums added one after another, block 0 first.
+    blocks = (hi - lo) // KEY_BLOCK
+    by_block = weights.view(*weights.shape[:3], blocks, KEY_BLOCK)  # [B, kvh, M, n, KB]
+    part_sums = by_block.sum(-1)  # [B, kvh, M, n]
+    part_outs = torch.matmul(  # [B, kvh, n, M, D]
+        by_block.transpose(2, 3), values.reshape(batch, kv_heads, blocks, KEY_BLOCK, dim))
+    # `unbind`: backward stacks the blocks' gradients once (indexing each block would build a
+    # zero-filled gradient of all blocks per block).
+    sums, outs = part_sums.unbind(-1), part_outs.unbind(2)
+    total, out = sums[0], outs[0]
+    for b in range(1, blocks):
+        total = total + sums[b]
+        out = out + outs[b]
     out = out / total.unsqueeze(-1)
     return out[:, :, :rows].reshape(batch, q_heads, count, dim).to(out_dtype)
 
@@ -118,6 +125,12 @@ class Views:
     query_positions: torch.Tensor  # [V, Q]
     query_real: torch.Tensor  # [V, Q] bool
     key_columns: torch.Tensor  # [V, K]
+
+    def moved(self, first: int, width: int) -> Views:
+        """These views once their `[rows, width]` batch is laid out as a column of tokens
+        starting at token `first`: row r becomes the token where it starts, and a column is
+        then an offset from it."""
+        return replace(self, row=first + self.row * width)
 
 
 def plan_views(segments: torch.Tensor, positions: torch.Tensor) -> tuple[Views, ...]:
@@ -177,18 +190,26 @@ def views_attention(
     recomputes them instead of keeping them."""
     dev = query.device
     queries = query.transpose(1, 2)  # [rows, width, qh, D]
-    where_rows, where_cols, parts = [], [], []
+    width_all = queries.shape[1]
+    # Token-major copies made once per layer; every view and chunk gathers from them.
+    flat_q, flat_k, flat_v = (t.transpose(1, 2).reshape(-1, *t.shape[1:2], t.shape[3])
+                              for t in (query, key, value))
+    where, parts = [], []
     for views in layout.views:
         row = views.row.to(dev)
         key_columns = views.key_columns.to(dev)
-        keys = take_columns(key.transpose(1, 2), row, key_columns).transpose(1, 2)
-        values = take_columns(value.transpose(1, 2), row, key_columns).transpose(1, 2)
+        keys = take_tokens(flat_k, row * width_all, key_columns).transpose(1, 2)
+        values = take_tokens(flat_v, row * width_all, key_columns).transpose(1, 2)
         width = views.query_columns.shape[1]
-        for first in range(0, width, QUERY_CHUNK):
+        # The view's queries gathered once, then cut into chunks with one `split` (whose
+        # backward joins the chunks' gradients in one tensor).
+        all_queries = take_tokens(flat_q, row * width_all, views.query_columns.to(dev))
+        chunks = all_queries.split(QUERY_CHUNK, dim=1)
+        for first, chunk in zip(range(0, width, QUERY_CHUNK), chunks, strict=True):
             cols = views.query_columns[:, first : first + QUERY_CHUNK].to(dev)
             pos = views.query_positions[:, first : first + QUERY_CHUNK].to(dev)
             real = views.query_real[:, first : first + QUERY_CHUNK].to(dev)
-            q = take_columns(queries, row, cols).transpose(1, 2)  # [V, qh, chunk, D]
+            q = chunk.transpose(1, 2)  # [V, qh, chunk, D]
             scores = q.shape[0] * q.shape[1] * q.shape[2] * keys.shape[2]
             if torch.is_grad_enabled() and scores > CHECKPOINT_SCORES:
                 attended = checkpoint(block_attention, q, keys, values, pos, layout.window,
@@ -196,25 +217,31 @@ def views_attention(
             else:
                 attended = block_attention(q, keys, values, pos, layout.window, scaling)
             v_idx, c_idx = real.nonzero(as_tuple=True)
-            where_rows.append(row[v_idx])
-            where_cols.append(cols[v_idx, c_idx])
+            where.append(row[v_idx] * width_all + cols[v_idx, c_idx])
             parts.append(attended.transpose(1, 2)[v_idx, c_idx])
-    out = queries.new_zeros(queries.shape)
-    return out.index_put((torch.cat(where_rows), torch.cat(where_cols)), torch.cat(parts))
+    out = queries.new_zeros((queries.shape[0] * width_all, *queries.shape[2:]))
+    return out.index_put((torch.cat(where),), torch.cat(parts)).view(queries.shape)
 
 
-def take_columns(packed: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-    """`packed[rows[:, None], columns]` for `[rows, width, ...]`, as one `index_select`.
+def take_tokens(flat: torch.Tensor, starts: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """`flat[starts[:, None] + columns]` for token-major `[tokens, ...]`, as one `index_select`:
+    `[views, columns, ...]`.
 
-    Views of one prompt's continuations all read its keys, so the same column is taken many
+    Views of one prompt's continuations all read its keys, so the same token is taken many
     times. Advanced indexing's backward adds such repeats with parallel atomic adds on CPU, in
     whatever order the threads meet (measured: 30 repeats of one backward, 30 different
     gradients); `index_select`'s backward adds them in index order.
     """
+    index = (starts[:, None] + columns).reshape(-1)
+    return flat.index_select(0, index).view(*columns.shape, *flat.shape[1:])
+
+
+def take_columns(packed: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """`packed[rows[:, None], columns]` for `[rows, width, ...]` (`take_tokens` of its rows laid
+    end to end): repeats added in index order in backward."""
     width = packed.shape[1]
     flat = packed.reshape(packed.shape[0] * width, *packed.shape[2:])
-    index = (rows[:, None] * width + columns).reshape(-1)
-    return flat.index_select(0, index).view(*columns.shape, *packed.shape[2:])
+    return take_tokens(flat, rows * width, columns)
 
 
 # ------------------------------------------------------------------ decoding

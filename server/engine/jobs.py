@@ -101,6 +101,8 @@ class EngineStats:
     train_tokens: int = 0
     sample_tokens: int = 0
     train_batches: int = 0
+    fused_passes: int = 0
+    """Training body passes that carried several runs' micro-batches (under invariance)."""
     sample_batches: int = 0
     last_batch_rows: int = 0
     started: float = field(default_factory=time.monotonic)

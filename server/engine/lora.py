@@ -219,10 +219,15 @@ class MultiLoRALinear(nn.Module):
                 out[group.start : group.stop] += self._delta(rows, group.adapter)
             return out
         # One out-of-place add of the deltas stacked along the batch: in-place adds on row
-        # slices would make autograd copy the whole output gradient once per group.
+        # slices would make autograd copy the whole output gradient once per group. The rows
+        # are taken with one `split`, whose backward joins the groups' gradients in one tensor
+        # (a slice per group would build a zero-filled input gradient per group).
+        ordered = sorted(routed, key=lambda g: g.start)
+        bounds = sorted({0, batch, *(g.start for g in ordered), *(g.stop for g in ordered)})
+        rows = dict(zip(bounds, x.split([b - a for a, b in zip(bounds, bounds[1:])])))
         pieces, cursor = [], 0
-        for group in sorted(routed, key=lambda g: g.start):
-            delta = self._delta(x[group.start : group.stop], group.adapter)
+        for group in ordered:
+            delta = self._delta(rows[group.start], group.adapter)
             if group.start > cursor:
                 pieces.append(delta.new_zeros((group.start - cursor, *out.shape[1:])))
             pieces.append(delta)

@@ -118,17 +118,17 @@ class Training:
         ]
         per_row_lp: dict[tuple[int, int], np.ndarray] = {}
         per_row_loss: dict[tuple[int, int], float] = {}
-        # Under invariance each job is computed on its own: its micro-batches, padding and
-        # packed rows are then set by its own data, never by the jobs it was batched with.
-        parts = [[r for r in rows if r[0] == j] for j in range(len(jobs))]
-        packed = self._can_pack and (self.share_prefixes or self.batch_invariant)
-        for part in parts if self.batch_invariant else [rows]:
-            if packed:
-                self._forward_packed(jobs, part, per_row_lp, per_row_loss)
-            else:
-                lengths = [len(jobs[j].data[i].tokens) for j, i in part]
-                for chunk in padded_batches(part, lengths, self.tokens_per_microbatch):
-                    self._run_microbatch(jobs, chunk, per_row_lp, per_row_loss)
+        if self.batch_invariant:
+            # Each job's micro-batches, padding and packed rows are set by its own data, never
+            # by the jobs it was batched with; their body passes are fused.
+            parts = [[r for r in rows if r[0] == j] for j in range(len(jobs))]
+            self._forward_invariant(jobs, parts, per_row_lp, per_row_loss)
+        elif self._can_pack and self.share_prefixes:
+            self._forward_packed(jobs, rows, per_row_lp, per_row_loss)
+        else:
+            lengths = [len(jobs[j].data[i].tokens) for j, i in rows]
+            for chunk in padded_batches(rows, lengths, self.tokens_per_microbatch):
+                self._run_microbatch(jobs, chunk, per_row_lp, per_row_loss)
         results = []
         for j, job in enumerate(jobs):
             outputs = [{"logprobs": per_row_lp[(j, i)]} for i in range(len(job.data))]

@@ -83,10 +83,36 @@ def test_a_training_run_alone_and_fused_is_bitwise_equal(engine, share, others):
     engine.share_prefixes = share
     try:
         alone = train_first(engine, 0)
+        passes = engine.stats.fused_passes
         assert_training_equal(alone, train_first(engine, others))
+        assert engine.stats.fused_passes > passes  # the runs did share a body pass
         assert_training_equal(alone, train_first(engine, 0))  # and again alone
     finally:
         engine.share_prefixes = True
+
+
+def test_fused_passes_give_every_run_the_bits_of_its_own_passes(engine):
+    """Four runs' micro-batches in shared body passes against each on its own pass (the
+    engine's reference): every run's loss, logprobs and gradients."""
+    outcomes = []
+    for fuse in (False, True):
+        engine.fuse_invariant_runs = fuse
+        jobs = training_jobs(engine, 3)
+        passes = engine.stats.fused_passes
+        try:
+            results = engine.forward_backward(jobs)
+        finally:
+            engine.fuse_invariant_runs = True
+        assert (engine.stats.fused_passes > passes) == fuse
+        grads = [[t.grad for t in job.state.adapter.parameters()] for job in jobs]
+        outcomes.append((results, grads))
+    (unfused, grads_a), (fused, grads_b) = outcomes
+    for a, b in zip(unfused, fused, strict=True):
+        assert a.metrics == b.metrics
+        for x, y in zip(a.outputs, b.outputs, strict=True):
+            assert np.array_equal(x["logprobs"], y["logprobs"])
+    for run_a, run_b in zip(grads_a, grads_b, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(run_a, run_b, strict=True))
 
 
 def sample_jobs(engine: Engine, others: int, temperature: float = 1.0) -> list[SampleJob]:

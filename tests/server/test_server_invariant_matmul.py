@@ -113,8 +113,45 @@ def test_where_half_products_depend_on_their_row_count_they_are_tiled_as_fp32_on
     x, weight = torch.randn(21, 64).bfloat16(), torch.randn(32, 64).bfloat16()
     with invariance.row_invariant():
         out = invariance.linear(x, weight, None)
-    assert calls == [(64, 32, torch.bfloat16, x.device, torch.get_num_threads())]
+    assert calls == [(64, 32, torch.bfloat16, x.device, torch.get_num_threads(), False)]
     assert torch.equal(out, invariance.tiled_matmul(x, weight.T))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_frozen_layers_input_gradient_does_not_depend_on_the_rows_beside_it(dtype):
+    """Runs share a layer's product in training: the gradient of each row's input is the one
+    it has in a product of other rows (a run's micro-batch alone, or fused with others')."""
+    generator = torch.Generator().manual_seed(3)
+    weight = (torch.randn(96, 80, generator=generator) * 0.2).to(dtype)
+    x = torch.randn(700, 80, generator=generator).to(dtype)
+    upstream = torch.randn(700, 96, generator=generator).to(dtype)
+
+    def input_grad(rows: slice) -> torch.Tensor:
+        leaf = x[rows].clone().requires_grad_(True)
+        with invariance.row_invariant():
+            invariance.linear(leaf, weight, None).backward(upstream[rows])
+        return leaf.grad
+
+    whole = input_grad(slice(0, 700))
+    for rows in (slice(0, 5), slice(5, 43), slice(43, 600), slice(600, 700)):
+        assert torch.equal(input_grad(rows), whole[rows])
+
+
+def test_a_frozen_layers_backward_follows_the_probe_of_its_own_layout(monkeypatch):
+    """The backward product (`grad @ weight`) is probed in its transposed layout and, where
+    that probe finds half rows depend on their count, tiled like the forward."""
+    calls = []
+    monkeypatch.setattr(invariance, "half_rows_are_invariant",
+                        lambda *key: calls.append(key) or not key[-1])
+    x = torch.randn(21, 64).bfloat16().requires_grad_(True)
+    weight = torch.randn(32, 64).bfloat16()
+    upstream = torch.randn(21, 32).bfloat16()
+    with invariance.row_invariant():
+        invariance.linear(x, weight, None).backward(upstream)
+    threads = torch.get_num_threads()
+    assert calls == [(64, 32, torch.bfloat16, x.device, threads, False),
+                     (32, 64, torch.bfloat16, x.device, threads, True)]
+    assert torch.equal(x.grad, invariance.tiled_matmul(upstream, weight))
 
 
 def test_the_half_probe_is_measured_once_per_shape_dtype_device_and_thread_count():
@@ -163,5 +200,6 @@ def test_a_checkpointed_product_recomputes_under_the_forward_rule_in_another_thr
     rules.clear()
     with invariance.row_invariant():
         plain = torch.utils.checkpoint.checkpoint(product, x, use_reentrant=False)
-    _backward_in_a_new_thread(plain)
+    with pytest.raises(torch.utils.checkpoint.CheckpointError):
+        _backward_in_a_new_thread(plain)
     assert rules == [True, False]

@@ -1,0 +1,199 @@
+"""Several runs' RL steps fused under invariance: what it buys, and that the bits hold, in one run.
+
+Four small RL-like runs (2 prompts x 8 samples x 24 new tokens, then `importance_sampling`
+training on them and one AdamW step), on the packaged Gemma 3 270M (or `--model DIR`) with the
+engine's default batch invariance on:
+
+1. engine level, training only: the four runs' `forward_backward` in one engine call with their
+   micro-batches fused into shared body passes (`Engine.fuse_invariant_runs`) against the same
+   call with each micro-batch on its own pass (the engine before fusing), on the same data,
+   alternating; every run's loss, logprobs and gradients compared bit for bit;
+2. through the SDK against an in-process server: the four runs' clients concurrent against one
+   run after another, two RL steps each, from the same seeds; every run's samples, losses and
+   second-step samples (which read the weights after the first step) compared bit for bit;
+3. each phase's GFLOP/s as a fraction of this machine's bf16 matmul roofline, measured here.
+
+    python bench/bench_fused_runs.py              # about 4 minutes on 2 cores
+    python bench/bench_fused_runs.py --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_multirun as multirun  # noqa: E402
+from bench_rl_step import rollout_data, sample_jobs  # noqa: E402
+from bench_roofline import TRAIN_WIDTH, Shapes, roofline, train_flops  # noqa: E402
+
+from server.engine.engine import Engine, ForwardBackwardJob  # noqa: E402
+from server.engine.lora import LoraSpec  # noqa: E402
+
+RUNS, PROMPTS, GROUP, NEW_TOKENS = 4, 2, 8, 24
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def engine_training(engine: Engine, rounds: int) -> None:
+    """Four runs' forward_backward, fused passes against one pass per micro-batch."""
+    prompts = [multirun.PROMPTS[k % len(multirun.PROMPTS)] for k in range(RUNS * PROMPTS)]
+    encoded = [engine.tokenizer.encode(p) for p in prompts]
+    runs = [engine.create_run(LoraSpec(rank=16), seed=k) for k in range(RUNS)]
+    data, groups = [], []
+    for k, run in enumerate(runs):
+        mine = encoded[k * PROMPTS : (k + 1) * PROMPTS]
+        results = engine.sample(sample_jobs(run.adapter.frozen_copy(), mine, GROUP, NEW_TOKENS,
+                                            k))
+        data.append(rollout_data(mine, results, k))
+        groups += [sum(1 for s in r.sequences if s.tokens) for r in results]
+    shapes = Shapes.of(engine.model.config)
+    flops = train_flops(shapes, [d for run_data in data for d in run_data], groups)
+    tokens = sum(len(d.tokens) for run_data in data for d in run_data)
+
+    def once(fuse: bool) -> tuple[float, list]:
+        engine.fuse_invariant_runs = fuse
+        for run in runs:
+            run.optimizer.zero_grad(set_to_none=True)
+        started = time.perf_counter()
+        out = engine.forward_backward([ForwardBackwardJob(run, d, "importance_sampling", {},
+                                                          False) for run, d in zip(runs, data)])
+        seconds = time.perf_counter() - started
+        grads = [[t.grad.clone() for t in run.adapter.parameters() if t.grad is not None]
+                 for run in runs]
+        return seconds, [out, grads]
+
+    once(True)  # warm-up
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    kept: dict[bool, list] = {}
+    passes = engine.stats.fused_passes
+    for _ in range(rounds):
+        for fuse in (True, False):
+            s, kept[fuse] = once(fuse)
+            seconds[fuse].append(s)
+    fused_passes = (engine.stats.fused_passes - passes) / rounds
+    engine.fuse_invariant_runs = True
+    (out_a, grads_a), (out_b, grads_b) = kept[True], kept[False]
+    same = all(a.metrics == b.metrics for a, b in zip(out_a, out_b))
+    same &= all(np.array_equal(x["logprobs"], y["logprobs"])
+                for a, b in zip(out_a, out_b) for x, y in zip(a.outputs, b.outputs))
+    same &= all(torch.equal(x, y) for ga, gb in zip(grads_a, grads_b) for x, y in zip(ga, gb))
+    peak = roofline(shapes, TRAIN_WIDTH, engine.dtype, engine.device, True)
+    print(f"\n1. engine: {RUNS} runs' forward_backward in one call, {tokens} tokens, "
+          f"{fused_passes:.0f} fused pass(es) a call, {rounds} round(s) a way, alternating; "
+          f"roofline {peak / 1e9:.0f} GFLOP/s")
+    print("| way | seconds | tokens/s | of roofline |")
+    print("|---|---|---|---|")
+    for fuse, label in ((False, "one pass per micro-batch"), (True, "fused passes")):
+        s = statistics.median(seconds[fuse])
+        print(f"| {label} | {s:.2f} | {tokens / s:.0f} | {flops / s / peak:.0%} |")
+    ratio = statistics.median(seconds[False]) / statistics.median(seconds[True])
+    print(f"fused / unfused: {ratio:.2f}x; every run's loss, logprobs and gradients "
+          f"{'identical' if same else 'DIFFERENT'}", flush=True)
+
+
+def sdk_rl(args: argparse.Namespace) -> None:
+    """Four runs' clients, two RL steps each, concurrent vs one after another."""
+    from tinker import types
+
+    multirun.quiet()
+    settings = argparse.Namespace(model=args.model, quick=False, reward_seconds=None)
+    with multirun.bench_server(settings) as bench:
+        prompts = [types.ModelInput.from_ints(bench.encode(p))
+                   for p in multirun.PROMPTS[:PROMPTS]]
+
+        def rl_run(client) -> tuple[list, int]:
+            """Two steps of sample, train, step; what each step saw and trained on."""
+            seen, generated = [], 0
+            for step in range(2):
+                sampler = client.save_weights_and_get_sampling_client().result()
+                params = types.SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0,
+                                              seed=100 + step, stop=[])
+                results = [f.result() for f in [sampler.sample(p, GROUP, params)
+                                                for p in prompts]]
+                data = []
+                for prompt, result in zip(prompts, results):
+                    lengths = np.array([len(s.tokens) for s in result.sequences], float)
+                    advantages = (lengths % 3) - (lengths % 3).mean()
+                    for seq, adv in zip(result.sequences, advantages):
+                        if not seq.tokens:
+                            continue
+                        full = prompt.to_ints() + list(seq.tokens)
+                        n = len(full) - 1
+                        start = prompt.length - 1
+                        data.append(types.Datum(
+                            model_input=types.ModelInput.from_ints(full[:-1]),
+                            loss_fn_inputs={
+                                "target_tokens": full[1:],
+                                "logprobs": [0.0] * start + list(seq.logprobs),
+                                "advantages": [0.0] * start + [float(adv)] * (n - start),
+                            }))
+                        generated += len(seq.tokens)
+                fb = client.forward_backward(data, "importance_sampling")
+                opt = client.optim_step(types.AdamParams(learning_rate=1e-3))
+                loss = fb.result().metrics["loss:sum"]
+                opt.result()
+                seen.append(([[list(s.tokens) for s in r.sequences] for r in results], loss))
+            return seen, generated
+
+        rl_run(bench.new_runs(1, seed=99)[0])  # warm-up
+        timings: dict[str, list[float]] = {"concurrent": [], "one after another": []}
+        seen: dict[str, list] = {}
+        total = 0
+        for _ in range(args.rounds):
+            clients = bench.new_runs(RUNS, seed=10)
+            started = time.perf_counter()
+            with ThreadPoolExecutor(RUNS) as pool:
+                outcome = list(pool.map(rl_run, clients))
+            timings["concurrent"].append(time.perf_counter() - started)
+            seen["concurrent"] = [o[0] for o in outcome]
+            total = sum(o[1] for o in outcome)
+            clients = bench.new_runs(RUNS, seed=10)
+            started = time.perf_counter()
+            outcome = [rl_run(c) for c in clients]
+            timings["one after another"].append(time.perf_counter() - started)
+            seen["one after another"] = [o[0] for o in outcome]
+        fused = bench.engine.stats.fused_passes
+    same = seen["concurrent"] == seen["one after another"]
+    print(f"\n2. SDK: {RUNS} runs x 2 RL steps ({PROMPTS} prompts x {GROUP} samples x "
+          f"{NEW_TOKENS} tokens, then training and a step), {args.rounds} round(s) a way; "
+          f"{total} tokens generated a way; {fused} fused training passes in all")
+    print("| way | seconds |")
+    print("|---|---|")
+    for way, rows in timings.items():
+        print(f"| {way} | {statistics.median(rows):.1f} |")
+    ratio = statistics.median(timings["one after another"]) / statistics.median(
+        timings["concurrent"])
+    print(f"concurrent / one after another: {ratio:.2f}x; every run's samples and losses of "
+          f"both steps {'identical' if same else 'DIFFERENT'}", flush=True)
+
+
+def main() -> None:
+    from server.engine.model_loading import load_base_model
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    started = time.time()
+    engine = Engine(load_base_model(args.model, "cpu", None))
+    print(f"model {engine.model_name} ({engine.dtype}); invariant {engine.batch_invariant}; "
+          f"threads {torch.get_num_threads()}; cpus {os.cpu_count()}; load average {load()}")
+    engine_training(engine, args.rounds)
+    del engine
+    sdk_rl(args)
+    print(f"\ntotal {time.time() - started:.0f} s; load average at end {load()}")
+
+
+if __name__ == "__main__":
+    main()
