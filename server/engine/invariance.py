@@ -156,11 +156,15 @@ def tiled_matmul(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     # Whole tiles are multiplied in place, up to `GEMM_TILES` per GEMM; a last, partial tile
     # is padded alone and multiplied as a one-tile GEMM. Every row keeps its one-tile bits (what
     # the probe checked), and neither forward nor backward copies or zero-fills all of `x`.
+    # The pieces come from one `split`, whose backward joins their gradients in one tensor (a
+    # slice per piece would build a zero-filled gradient of all of `x` per piece).
     step = GEMM_TILES * ROW_TILE
     whole = rows - rows % ROW_TILE
-    parts = [x[i : min(i + step, whole)] @ weight_t for i in range(0, whole, step)]
+    sizes = [min(step, whole - i) for i in range(0, whole, step)]
+    pieces = x.split(sizes + ([rows - whole] if whole < rows else []))
+    parts = [piece @ weight_t for piece in pieces[: len(sizes)]]
     if whole < rows:
-        tail = torch.cat([x[whole:], x.new_zeros((ROW_TILE - (rows - whole), features))])
+        tail = torch.cat([pieces[-1], x.new_zeros((ROW_TILE - (rows - whole), features))])
         parts.append((tail @ weight_t)[: rows - whole])
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
