@@ -1,8 +1,9 @@
 """What batch invariance costs, and whether it holds, on the embedded model, in one run.
 
 The engine is batch-invariant by default (`server/engine/invariance.py`,
-`invariant_attention.py`): each training job runs its own micro-batches, prefill and decoding
-stay fused, with fixed-tile fp32 products and position-aligned attention. This benchmark
+`invariant_attention.py`): each training job keeps its own micro-batches (fused into shared
+body passes), prefill and decoding stay fused, with fixed-tile fp32 products and
+position-aligned attention. This benchmark
 toggles `Engine.batch_invariant` on one loaded model, so everything else is equal, and prints:
 
 1. whether it holds: one run's RL step (8 prompts x 8 samples, then forward_backward) alone and

@@ -364,7 +364,7 @@ def fused_runs(engine: Engine) -> dict:
     data = [[d for _ in range(2) for d in rl_group(rng, engine.vocab_size, 100, [24] * 8)]
             for _ in range(4)]
     states = [new_state(engine, 30 + k, rank=16) for k in range(4)]
-    default, out, grads = engine.batch_invariant, {}, {}
+    default, was_fused, out, grads = engine.batch_invariant, engine.fuse_invariant_runs, {}, {}
     engine.batch_invariant = True
     try:
         for fuse in (True, False, True, False):
@@ -380,7 +380,7 @@ def fused_runs(engine: Engine) -> dict:
             out[f"{label} seconds"] = round(time.perf_counter() - started, 3)
             grads[fuse] = [t.grad.clone() for s in states for t in s.adapter.parameters()]
     finally:
-        engine.batch_invariant, engine.fuse_invariant_runs = default, True
+        engine.batch_invariant, engine.fuse_invariant_runs = default, was_fused
     out["speed-up"] = round(out["one pass per micro-batch seconds"] / out["fused passes seconds"],
                             2)
     out["gradients bitwise equal"] = all(torch.equal(a, b)

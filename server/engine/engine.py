@@ -126,10 +126,13 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
         chunk's full `[positions, vocabulary]` fp32 logits, log-softmax and gather, checkpointed
         (the earlier computation, kept as the reference a benchmark and the tests compare with;
         its bits differ from the sampler's)."""
-        self.fuse_invariant_runs = True
+        self.fuse_invariant_runs = torch.device(self.device).type != "cpu"
         """Under invariance several runs' training micro-batches share one body pass, each with
         the bits it has alone (`PackedTraining._forward_invariant`); off: each micro-batch runs
-        its own pass, as before (the reference a benchmark and the tests compare with)."""
+        its own pass (bit for bit the same). Off on the CPU, where the body's products are
+        compute-bound from a few hundred tokens on and sharing a pass measured 0.94x
+        (`bench/bench_fused_runs.py`); on elsewhere, where a small run's micro-batch leaves an
+        accelerator idle (not yet measured on one: the device check times it)."""
         self.first_token_from_scoring = True
         """A one-token request that also asks for its prompt's logprobs (`compute_logprobs`)
         draws its token from the scoring forward under invariance; off: a second prefill, as
