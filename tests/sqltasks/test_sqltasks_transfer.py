@@ -1,6 +1,7 @@
 """The hand-written transfer split: every gold query executes and answers something, the split
-is tiered like the corpus, and none of its databases shares a schema with a corpus database or
-with a well-known public sample database."""
+is tiered like the corpus, every database has a second copy of redrawn values that the loader
+scores on, and none of its databases shares a schema with a corpus database or with a
+well-known public sample database."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 
 from sqltasks import TIERS, load_corpus
 from sqltasks.shapes.generate import databases, nontrivial
-from sqltasks.transfer.split import DATABASES, load_transfer, setup_sql
+from sqltasks.transfer import redraw
+from sqltasks.transfer.split import DATABASES, copy_sql, load_transfer, setup_sql
 
 PUBLIC_SAMPLE_TABLES = {
     # Chinook, Northwind, Sakila, AdventureWorks, Pagila, the classic "employees" sample.
@@ -64,6 +66,29 @@ def test_every_gold_query_executes_and_answers_something(tasks):
     finally:
         for connection in connections.values():
             connection.close()
+
+
+def test_every_database_has_a_second_copy_of_redrawn_values_that_scoring_reads(tasks):
+    """The copies are what `redraw` writes; they keep the schema and every key valid (DuckDB
+    checks the keys as it loads them), differ in their rows and in most gold answers, and a
+    gold answers something on them too."""
+    for name in DATABASES:
+        assert copy_sql(name) == redraw.redraw(setup_sql(name), redraw.SEED), name
+        assert _tables(copy_sql(name)) == _tables(setup_sql(name))
+    differing = 0
+    with duckdb.connect(":memory:") as first, duckdb.connect(":memory:") as second:
+        for name in DATABASES:
+            first.execute(f"CREATE SCHEMA {name}; USE {name}; " + setup_sql(name))
+            second.execute(f"CREATE SCHEMA {name}; USE {name}; " + copy_sql(name))
+        for task in tasks:
+            assert task.extra_setups == (copy_sql(task.domain),)
+            for connection in (first, second):
+                connection.execute(f"USE {task.domain}")
+            one = first.execute(task.gold_sql).fetchall()
+            other = second.execute(task.gold_sql).fetchall()
+            assert other, (task.id, task.question)
+            differing += sorted(map(repr, one)) != sorted(map(repr, other))
+    assert differing >= 0.85 * len(tasks)
 
 
 def test_questions_are_distinct_and_never_in_a_training_corpus(tasks):
