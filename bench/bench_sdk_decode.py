@@ -7,7 +7,10 @@ evaluation or an RL group does), then every result awaited. Rounds alternate gre
 0) and sampling (temperature 1) under the scheduler's batching window (`sample_quiet_seconds`,
 `sample_gather_seconds`) and under a wider one (30 ms of quiet, 300 ms at most). Prints
 tokens per second and how many engine batches each round took (a round split in two decodes
-its stragglers at a fraction of the width).
+its stragglers at a fraction of the width). Then the baseline, in the same run: the same 48
+prompts in one batch through plain `transformers` `generate` (the model loaded as a user would,
+in fp32 and in bf16), greedy and sampling at temperature 1, 64 new tokens each; and the SDK's
+rates as multiples of it.
 
     python bench/bench_sdk_decode.py [--prompts 48] [--rounds 2]
 """
@@ -21,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_multirun import bench_server, loadavg, quiet  # noqa: E402
@@ -70,6 +74,9 @@ def main() -> None:
                     print(f"  window {name} T={temperature:g}: {rate:.0f} tokens/s in "
                           f"{batches:.0f} batch(es)", flush=True)
         scheduler.sample_quiet_seconds, scheduler.sample_gather_seconds = windows["now"]
+    token_lists = [p.to_ints() for p in prompts]
+    baseline = {(dtype, t): plain_generate(args.model, token_lists, dtype, t)
+                for dtype in (torch.float32, torch.bfloat16) for t in (0.0, 1.0)}
     print(f"\n{args.prompts} requests x 64 new tokens, median of {args.rounds} rounds; "
           f"load average {loadavg()}\n")
     print("| window | greedy tokens/s (batches) | sampling tokens/s (batches) | "
@@ -83,6 +90,37 @@ def main() -> None:
         (greedy, gb), (sampled, sb) = cells
         print(f"| {name}: {quiet_s * 1000:.0f} ms quiet, {gather_s * 1000:.0f} ms at most | "
               f"{greedy:.0f} ({gb}) | {sampled:.0f} ({sb}) | {greedy / sampled:.2f}x |")
+    print("\n| plain `generate`, one batch | greedy tokens/s | sampling tokens/s | SDK greedy / it "
+          "| SDK sampling / it |")
+    print("| --- | --- | --- | --- | --- |")
+    sdk = {t: statistics.median(r for r, _ in results[("now", t)]) for t in (0.0, 1.0)}
+    for dtype in (torch.float32, torch.bfloat16):
+        greedy, sampled = baseline[(dtype, 0.0)], baseline[(dtype, 1.0)]
+        print(f"| {str(dtype).removeprefix('torch.')} | {greedy:.0f} | {sampled:.0f} | "
+              f"{sdk[0.0] / greedy:.2f}x | {sdk[1.0] / sampled:.2f}x |")
+
+
+def plain_generate(model: str | None, prompts: list[list[int]], dtype: torch.dtype,
+                   temperature: float) -> float:
+    """Tokens/s of plain `transformers` `generate` on all prompts in one batch (equal lengths,
+    so no padding), exactly 64 new tokens each."""
+    from transformers import AutoModelForCausalLM
+
+    from server.engine.model_loading import embedded_cache_path
+
+    plain = AutoModelForCausalLM.from_pretrained(model or str(embedded_cache_path()),
+                                                 dtype=dtype).eval()
+    ids = torch.tensor(prompts)
+    kwargs = ({"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+              if temperature > 0 else {"do_sample": False})
+    with torch.inference_mode():
+        plain.generate(input_ids=ids[:2], max_new_tokens=2, min_new_tokens=2, **kwargs)
+        started = time.perf_counter()
+        out = plain.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                             max_new_tokens=64, min_new_tokens=64, **kwargs)
+        seconds = time.perf_counter() - started
+    print(f"  plain generate {dtype} T={temperature:g}: {seconds:.1f} s", flush=True)
+    return (out.shape[1] - ids.shape[1]) * len(prompts) / seconds
 
 
 if __name__ == "__main__":

@@ -58,7 +58,9 @@ def block_attention(
     # One place where dtypes meet: a wholly-bf16 model (CUDA, MPS) brings bf16 queries, keys
     # and values; scores, the softmax and every block sum are computed in fp32 from all three,
     # so the sampler's cached keys and the trainer's fresh ones give the same numbers.
-    query, key, value = query.float(), key.float(), value.float()
+    # Keys and values are cast after they are cut to the blocks a query can see (exact either
+    # way); the sampler's `PositionCache` keeps them in fp32 already.
+    query = query.float()
     batch, q_heads, count, dim = query.shape
     kv_heads = key.shape[1]
     group = q_heads // kv_heads
@@ -82,7 +84,7 @@ def block_attention(
         extra = hi - key.shape[2]
         key = torch.nn.functional.pad(key, (0, 0, 0, extra))
         value = torch.nn.functional.pad(value, (0, 0, 0, extra))
-    keys, values = key[:, :, lo:hi], value[:, :, lo:hi]
+    keys, values = key[:, :, lo:hi].float(), value[:, :, lo:hi].float()
     # One matmul over the head dim for all blocks (each score's sum has the same length).
     scores = torch.matmul(folded, keys.transpose(-1, -2)) * scaling  # [B, kvh, M, T]
     columns = torch.arange(lo, hi, device=key.device)
@@ -245,6 +247,10 @@ def take_columns(packed: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor
 
 
 # ------------------------------------------------------------------ decoding
+CACHE_DTYPE = torch.float32
+"""The dtype `PositionCache` keeps keys and values in."""
+
+
 @dataclass(frozen=True)
 class DecodeLayout:
     """The `attention_mask` of an invariant prefill or decode step: each row's query
@@ -256,7 +262,9 @@ class DecodeLayout:
 
 class PositionCache:
     """A KV cache that keeps each key at its position's column, `[rows, kv_heads, capacity,
-    dim]` per layer, so a row's keys never move when others join, leave or are padded.
+    dim]` per layer, so a row's keys never move when others join, leave or are padded. It holds
+    them in `CACHE_DTYPE` (fp32: the attention computes in fp32, and a half-precision cache
+    would be cast whole at every decode step; the cast is exact, so the bits are the same).
 
     The model calls `update` once per layer; `write_positions` says where the new tokens go:
     a prefill writes positions `0..L-1` of its one row, a decode step one position per row.

@@ -229,7 +229,9 @@ class Sampling:
         if not jobs:
             return kv_budget.MIN_DECODE_ROWS
         capacity = max(len(job.prompt) + self._max_new(job) for job in jobs)
-        return kv_budget.decode_rows(self.model.config, capacity, self.activation_dtype,
+        cache_dtype = (invariant_attention.CACHE_DTYPE if self.batch_invariant
+                       else self.activation_dtype)
+        return kv_budget.decode_rows(self.model.config, capacity, cache_dtype,
                                      self.vocab_size, torch.device(self.device))
 
     def _shared_prompt_logprobs(
@@ -418,7 +420,7 @@ class Sampling:
         head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
         cache = invariant_attention.PositionCache(
             config.num_hidden_layers, len(jobs), config.num_key_value_heads, capacity, head_dim,
-            self.activation_dtype, self.device,
+            invariant_attention.CACHE_DTYPE, self.device,
         )
         pad_id = int(self.tokenizer.pad_token_id or 0)
         tokens = torch.full((len(jobs), width), pad_id, dtype=torch.long)
