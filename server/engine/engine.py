@@ -157,8 +157,9 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
             batch_invariant = os.environ.get(BATCH_INVARIANT_ENV, default) != "0"
         self.batch_invariant = batch_invariant and self._can_pack
         """The invariant path runs (see `invariance` and `invariant_attention`): each training
-        job keeps its own micro-batches (their body passes fused with other runs'), prefill and
-        decoding stay fused on position-aligned attention. Needs the packed attention hook
+        job keeps its own micro-batches (their body passes shared with other runs' where
+        `fuse_invariant_runs` is on), prefill and decoding stay fused on position-aligned
+        attention. Needs the packed attention hook
         (Gemma 3's layer types); other models run fused."""
 
     @property

@@ -191,10 +191,9 @@ def views_attention(
     q_heads, dim]` (padding columns get zeros). A chunk of many scores is checkpointed: backward
     recomputes them instead of keeping them."""
     dev = query.device
-    queries = query.transpose(1, 2)  # [rows, width, qh, D]
-    width_all = queries.shape[1]
+    rows_all, q_heads, width_all, dim = query.shape
     # Token-major copies made once per layer; every view and chunk gathers from them.
-    flat_q, flat_k, flat_v = (t.transpose(1, 2).reshape(-1, *t.shape[1:2], t.shape[3])
+    flat_q, flat_k, flat_v = (t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3])
                               for t in (query, key, value))
     where, parts = [], []
     for views in layout.views:
@@ -221,8 +220,9 @@ def views_attention(
             v_idx, c_idx = real.nonzero(as_tuple=True)
             where.append(row[v_idx] * width_all + cols[v_idx, c_idx])
             parts.append(attended.transpose(1, 2)[v_idx, c_idx])
-    out = queries.new_zeros((queries.shape[0] * width_all, *queries.shape[2:]))
-    return out.index_put((torch.cat(where),), torch.cat(parts)).view(queries.shape)
+    out = query.new_zeros((rows_all * width_all, q_heads, dim))
+    return out.index_put((torch.cat(where),), torch.cat(parts)).view(
+        rows_all, width_all, q_heads, dim)
 
 
 def take_tokens(flat: torch.Tensor, starts: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:

@@ -62,11 +62,9 @@ class PackedTraining:
     ) -> None:
         """All rows through packed micro-batches; datums share a row only within one adapter.
         With `last_hidden`, each row's final hidden state is kept there too (detached)."""
-        packed = self._plan_rows(jobs, rows)
-        lengths = [len(row.tokens) for row in packed]
         # Backward runs inside too: the head's checkpointed chunks recompute under the same rule.
         with row_invariant(self.batch_invariant):
-            for part in padded_batches(packed, lengths, self.tokens_per_microbatch):
+            for part in self._micro_batches(jobs, rows):
                 self._run_packed(jobs, rows, part, per_row_lp, per_row_loss, last_hidden)
 
     def _forward_invariant(
@@ -86,13 +84,8 @@ class PackedTraining:
         one adapter group). Fusing fills what small micro-batches leave of one; a full one has
         nothing to gain and runs alone.
         """
-        queues: list[deque] = []
-        for part in parts:
-            packed = self._plan_rows(jobs, part)
-            lengths = [len(row.tokens) for row in packed]
-            queues.append(deque(
-                (part, batch)
-                for batch in padded_batches(packed, lengths, self.tokens_per_microbatch)))
+        queues = [deque((part, batch) for batch in self._micro_batches(jobs, part))
+                  for part in parts]
         with row_invariant(True):
             while any(queues):
                 step: list[tuple[list[tuple[int, int]], PackedBatch]] = []
@@ -113,18 +106,21 @@ class PackedTraining:
                 self.stats.fused_passes += len(step) > 1
                 self._run_fused(jobs, step, per_row_lp, per_row_loss)
 
-    def _plan_rows(
+    def _micro_batches(
         self, jobs: list[ForwardBackwardJob], rows: list[tuple[int, int]]
-    ) -> list[prefix_sharing.PackedRow]:
-        """The packed rows of these datums: a shared prompt once per row where sharing is on,
-        datums of different adapters never in one row."""
-        return prefix_sharing.plan_rows(
+    ) -> list[list[prefix_sharing.PackedRow]]:
+        """These datums' packed rows in micro-batches of at most `tokens_per_microbatch`
+        padded tokens: a shared prompt once per row where sharing is on, datums of different
+        adapters never in one row."""
+        packed = prefix_sharing.plan_rows(
             [jobs[j].data[i].tokens for j, i in rows],
             [(id(_routed_adapter(jobs[j])), jobs[j].forward_only) for j, _ in rows],
             row_tokens=min(prefix_sharing.ROW_TOKENS, self.tokens_per_microbatch),
             # Invariance trains on packed rows even with sharing off, one datum per row.
             min_shared=prefix_sharing.MIN_SHARED_TOKENS if self.share_prefixes else sys.maxsize,
         )
+        lengths = [len(row.tokens) for row in packed]
+        return padded_batches(packed, lengths, self.tokens_per_microbatch)
 
     def _packed_inputs(
         self, packed: list[prefix_sharing.PackedRow]

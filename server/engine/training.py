@@ -120,7 +120,8 @@ class Training:
         per_row_loss: dict[tuple[int, int], float] = {}
         if self.batch_invariant:
             # Each job's micro-batches, padding and packed rows are set by its own data, never
-            # by the jobs it was batched with; their body passes are fused.
+            # by the jobs it was batched with; their body passes are shared where
+            # `fuse_invariant_runs` is on.
             parts = [[r for r in rows if r[0] == j] for j in range(len(jobs))]
             self._forward_invariant(jobs, parts, per_row_lp, per_row_loss)
         elif self._can_pack and self.share_prefixes:
