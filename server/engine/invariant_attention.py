@@ -317,16 +317,54 @@ class PositionCache:
         self.keys = [k[index] for k in self.keys]
         self.values = [v[index] for v in self.values]
 
+    def rows(self, index: list[int]) -> PositionCache:
+        """A cache over some of these rows (in `index`'s order) for a prefill of those rows
+        alone: it writes into this cache and reads back only its own rows' written columns."""
+        return _CacheRows(self, index)
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+
+class _CacheRows(PositionCache):
+    """Some rows of a `PositionCache`, prefilled on their own (`PositionCache.rows`)."""
+
+    def __init__(self, parent: PositionCache, index: list[int]):  # noqa: D107 - no new state
+        self.parent = parent
+        self.index = torch.tensor(index, device=parent.keys[0].device)
+        self.keys, self.values = parent.keys, parent.values
+        self.write_positions = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        where = self.write_positions
+        assert where is not None and key_states.shape[2] > 1, "a prefill of these rows only"
+        first, stop = int(where[0, 0]), int(where[0, -1]) + 1
+        out = []
+        for stored, new in ((self.keys[layer_idx], key_states),
+                            (self.values[layer_idx], value_states)):
+            stored[self.index, :, first:stop] = new.to(stored.dtype)
+            out.append(stored[self.index, :, :stop])
+        return out[0], out[1]
 
 
 def decode_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: DecodeLayout,
     scaling: float,
 ) -> torch.Tensor:
-    """Prefill or decode queries against a `PositionCache`'s keys; `[rows, q, q_heads, dim]`."""
-    out = block_attention(query, key, value, layout.positions.to(query.device), layout.window,
-                          scaling)
+    """Prefill or decode queries against a `PositionCache`'s keys; `[rows, q, q_heads, dim]`.
+
+    A prefill's queries go `QUERY_CHUNK` positions at a time, as training takes them: each
+    chunk reads only the key blocks up to its last position, so a prompt's attention costs
+    about half the square, and the blocks a chunk skips would have added exact zeros."""
+    positions = layout.positions.to(query.device)
+    count = query.shape[2]
+    if count <= QUERY_CHUNK:
+        out = block_attention(query, key, value, positions, layout.window, scaling)
+    else:
+        out = torch.cat([
+            block_attention(query[:, :, first : first + QUERY_CHUNK], key, value,
+                            positions[:, first : first + QUERY_CHUNK], layout.window, scaling)
+            for first in range(0, count, QUERY_CHUNK)], dim=2)
     return out.transpose(1, 2).contiguous()

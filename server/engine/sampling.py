@@ -410,35 +410,41 @@ class Sampling:
         return results
 
     def _prefill_aligned(self, jobs: list[SampleJob]) -> tuple[object, torch.Tensor]:
-        """Every request's prompt in one forward, right-padded, into a `PositionCache`: each key
-        at its position's column, so a prompt's numbers do not depend on the others (padding
-        keys lie past every real query; decoding overwrites them before reading them).
-        Returns the cache (a row per request) and each request's last-position logits."""
+        """Every request's prompt into one `PositionCache`: each key at its position's column,
+        so a prompt's numbers do not depend on the others. Prompts of similar length run one
+        right-padded forward together (`prefill_groups`: padding stays a small part of the
+        tokens; padding keys lie past every real query, and decoding overwrites them before
+        reading them). Returns the cache (a row per request) and each request's last-position
+        logits."""
         config = self.model.config
-        width = max(len(job.prompt) for job in jobs)
-        capacity = max(len(job.prompt) + self._max_new(job) for job in jobs)  # >= width
+        capacity = max(len(job.prompt) + self._max_new(job) for job in jobs)
         head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
         cache = invariant_attention.PositionCache(
             config.num_hidden_layers, len(jobs), config.num_key_value_heads, capacity, head_dim,
             invariant_attention.CACHE_DTYPE, self.device,
         )
         pad_id = int(self.tokenizer.pad_token_id or 0)
-        tokens = torch.full((len(jobs), width), pad_id, dtype=torch.long)
-        for j, job in enumerate(jobs):
-            tokens[j, : len(job.prompt)] = torch.tensor(job.prompt)
-        positions = torch.arange(width, device=self.device).expand(len(jobs), width)
-        cache.write_positions = positions
-        groups = [RowGroup(job.adapter, j, j + 1) for j, job in enumerate(jobs)]
-        with routing(groups), row_invariant():
-            hidden = self._body(
-                input_ids=tokens.to(self.device),
-                attention_mask=self._decode_masks(positions),
-                position_ids=positions,
-                use_cache=True,
-                **{self._cache_kw: cache},
-            ).last_hidden_state
-        last = torch.tensor([len(job.prompt) - 1 for job in jobs], device=self.device)
-        return cache, self._last_logits(jobs, hidden[torch.arange(len(jobs)), last])
+        last: list[torch.Tensor | None] = [None] * len(jobs)
+        for group in prefill_groups([len(job.prompt) for job in jobs]):
+            width = max(len(jobs[j].prompt) for j in group)
+            tokens = torch.full((len(group), width), pad_id, dtype=torch.long)
+            for k, j in enumerate(group):
+                tokens[k, : len(jobs[j].prompt)] = torch.tensor(jobs[j].prompt)
+            positions = torch.arange(width, device=self.device).expand(len(group), width)
+            rows = cache.rows(group)
+            rows.write_positions = positions
+            routes = [RowGroup(jobs[j].adapter, k, k + 1) for k, j in enumerate(group)]
+            with routing(routes), row_invariant():
+                hidden = self._body(
+                    input_ids=tokens.to(self.device),
+                    attention_mask=self._decode_masks(positions),
+                    position_ids=positions,
+                    use_cache=True,
+                    **{self._cache_kw: rows},
+                ).last_hidden_state
+            for k, j in enumerate(group):
+                last[j] = hidden[k, len(jobs[j].prompt) - 1]
+        return cache, self._last_logits(jobs, torch.stack(last))  # type: ignore[arg-type]
 
     def _decode_masks(self, positions: torch.Tensor) -> dict[str, object]:
         """The invariant attention's layout per layer type: the queries' positions."""
@@ -527,3 +533,28 @@ def _job_blocks(owners: list[int], live: list[int]) -> list[tuple[int, int, int]
 def _row_groups(jobs: list[SampleJob], owners: list[int], live: list[int]) -> list[RowGroup]:
     """LoRA routing for the rows still in the batch."""
     return [RowGroup(jobs[j].adapter, first, stop) for j, first, stop in _job_blocks(owners, live)]
+
+
+PREFILL_PADDING = 0.125
+"""At most this share of a prefill forward's token slots is padding (`prefill_groups`)."""
+
+
+def prefill_groups(lengths: list[int]) -> list[list[int]]:
+    """Prompts (by index) that run one right-padded prefill together: longest first, a group
+    growing while its padding stays within `PREFILL_PADDING` of its slots. Under invariance a
+    prompt's numbers do not depend on the group it runs in, so this only saves the padding's
+    work (48 prompts of 250 to 500 tokens padded to the longest: a third of the work)."""
+    order = sorted(range(len(lengths)), key=lambda j: -lengths[j])
+    groups: list[list[int]] = []
+    real = 0
+    for j in order:
+        if groups:
+            group = groups[-1]
+            width = lengths[group[0]]
+            if width * (len(group) + 1) * (1 - PREFILL_PADDING) <= real + lengths[j]:
+                group.append(j)
+                real += lengths[j]
+                continue
+        groups.append([j])
+        real = lengths[j]
+    return groups

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from server.engine.engine import AdamParams, Engine, ForwardBackwardJob, SampleJob
+from server.engine.invariant_attention import QUERY_CHUNK
 from server.engine.jobs import SamplingParams
 from server.engine.model_loading import load_base_model
 from server.protocol.codec import Datum
@@ -116,12 +117,13 @@ def test_fused_passes_give_every_run_the_bits_of_its_own_passes(engine):
         assert all(torch.equal(x, y) for x, y in zip(run_a, run_b, strict=True))
 
 
-def sample_jobs(engine: Engine, others: int, temperature: float = 1.0) -> list[SampleJob]:
+def sample_jobs(engine: Engine, others: int, temperature: float = 1.0,
+                first_length: int = 14) -> list[SampleJob]:
     rng = np.random.default_rng(3)
     vocab = engine.vocab_size
     first = SampleJob(
         new_state(engine, 1).adapter.detached(),
-        rng.integers(5, vocab, size=14).tolist(),
+        rng.integers(5, vocab, size=first_length).tolist(),
         6,
         SamplingParams(max_tokens=24, temperature=temperature, seed=7, stop=[]),
         prompt_logprobs=True,
@@ -143,8 +145,9 @@ def sample_jobs(engine: Engine, others: int, temperature: float = 1.0) -> list[S
     return jobs
 
 
-def sample_first(engine: Engine, others: int, temperature: float = 1.0):
-    result = engine.sample(sample_jobs(engine, others, temperature))[0]
+def sample_first(engine: Engine, others: int, temperature: float = 1.0,
+                 first_length: int = 14):
+    result = engine.sample(sample_jobs(engine, others, temperature, first_length))[0]
     return (
         [s.tokens for s in result.sequences],
         [np.asarray(s.logprobs, dtype=np.float64) for s in result.sequences],
@@ -167,6 +170,20 @@ def test_a_sampling_request_alone_and_fused_is_bitwise_equal(engine, others, tem
     assert_samples_equal(alone, sample_first(engine, others, temperature))
 
 
+@pytest.mark.parametrize("others", [0, 3])
+def test_a_long_prompt_gets_the_same_bits_alone_beside_others_and_in_training(engine, others):
+    """A prompt longer than `QUERY_CHUNK` is prefilled a chunk of queries at a time, in a
+    prefill group of its own length (`prefill_groups`); its samples are what it samples alone,
+    and the trainer, which takes the same queries in its own chunks, gives them their bits."""
+    length = QUERY_CHUNK + 44
+    alone = sample_first(engine, 0, first_length=length)
+    assert_samples_equal(alone, sample_first(engine, others, first_length=length))
+    first, result, fb = sampled_then_trained(engine, others, first_length=length)
+    for seq, out in zip(result.sequences, fb.outputs, strict=True):
+        assert np.array_equal(out["logprobs"][length - 1 :],
+                              np.asarray(seq.logprobs, dtype=np.float32))
+
+
 def test_without_invariance_fusing_changes_the_bits(tiny_model_dir):
     """The check above can fail: the fused engine gives the same run other bits."""
     fused = Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"),
@@ -178,9 +195,9 @@ def test_without_invariance_fusing_changes_the_bits(tiny_model_dir):
     assert differ or logprobs_differ
 
 
-def sampled_then_trained(engine: Engine, others: int):
+def sampled_then_trained(engine: Engine, others: int, first_length: int = 14):
     """Sample a request (fused with `others`), then score prompt + each sample in training."""
-    jobs = sample_jobs(engine, others)
+    jobs = sample_jobs(engine, others, first_length=first_length)
     first = jobs[0]
     result = engine.sample(jobs)[0]
     data = []

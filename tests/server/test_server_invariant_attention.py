@@ -14,8 +14,11 @@ import torch.nn.functional as F
 
 from server.engine.invariant_attention import (
     KEY_BLOCK,
+    QUERY_CHUNK,
+    DecodeLayout,
     PositionCache,
     block_attention,
+    decode_attention,
     take_columns,
 )
 
@@ -79,6 +82,35 @@ def test_a_position_cache_keeps_each_key_at_its_position():
     assert torch.equal(keys[0, 0, 5], torch.zeros(4))
     cache.batch_select_indices(torch.tensor([1]))
     assert cache.keys[0].shape[0] == 1 and torch.equal(cache.values[0][0, 0, 5], -torch.ones(4))
+
+
+@pytest.mark.parametrize("window", [None, 100])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_long_prefill_in_query_chunks_gives_every_query_its_bits(window, dtype):
+    """`decode_attention` takes a prefill `QUERY_CHUNK` queries at a time, each chunk reading
+    only the key blocks up to its last position: every query gets the bits of one call over
+    all queries and every key."""
+    length = 2 * QUERY_CHUNK + 37
+    q, k, v = (t.to(dtype) for t in _inputs(2, 2, 4, 2, length))
+    positions = torch.arange(length).expand(2, length)
+    everything = block_attention(q, k, v, positions, window, 0.2)
+    chunked = decode_attention(q, k, v, DecodeLayout(positions, window), 0.2)
+    assert torch.equal(chunked, everything.transpose(1, 2))
+
+
+def test_a_prefill_of_some_rows_writes_those_rows_and_reads_only_them():
+    cache = PositionCache(layers=2, rows=4, kv_heads=1, capacity=100, dim=4,
+                          dtype=torch.float32, device="cpu")
+    some = cache.rows([3, 1])
+    some.write_positions = torch.arange(5).expand(2, 5)
+    new = torch.randn(2, 1, 5, 4)
+    keys, values = some.update(new, -new, 1)
+    assert torch.equal(keys, new) and torch.equal(values, -new)
+    assert torch.equal(cache.keys[1][3, :, :5], new[0]) and torch.equal(cache.keys[1][1, :, :5],
+                                                                          new[1])
+    assert torch.equal(cache.values[1][1, :, :5], -new[1])
+    untouched = [cache.keys[1][0], cache.keys[1][2], cache.keys[0][3], cache.keys[1][3, :, 5:]]
+    assert all(not t.any() for t in untouched)
 
 
 def test_reading_repeated_columns_gives_the_same_gradient_every_time():

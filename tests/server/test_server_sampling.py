@@ -7,6 +7,8 @@ import pytest
 import torch
 from tinker import types
 
+from server.engine.sampling import PREFILL_PADDING, prefill_groups
+
 
 @pytest.fixture
 def base_sampler(service_client, base_model):
@@ -133,3 +135,15 @@ def test_stop_strings_end_the_sample_with_stop_reason_stop(
     assert list(seq.tokens) == reference[:cut]
     assert seq.stop_reason == "stop"
     assert stop in tiny_tokenizer.decode(list(seq.tokens))
+
+
+@pytest.mark.parametrize("lengths", [[300, 12, 290, 260, 14, 299, 13, 150], [5], [7, 7, 7],
+                                     list(range(1, 60))])
+def test_prefill_groups_take_every_prompt_once_with_little_padding(lengths):
+    groups = prefill_groups(lengths)
+    assert sorted(j for group in groups for j in group) == list(range(len(lengths)))
+    for group in groups:
+        width = lengths[group[0]]
+        assert width == max(lengths[j] for j in group)
+        real = sum(lengths[j] for j in group)
+        assert len(group) == 1 or width * len(group) * (1 - PREFILL_PADDING) <= real
