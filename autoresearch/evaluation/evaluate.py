@@ -76,18 +76,18 @@ def sample_completions(
     seed: int = 0,
     view: SchemaView | None = None,
 ) -> list[list[Any]]:
-    """Submit every prompt at once (the server batches them), then collect in order."""
+    """Submit every prompt at once (the server batches them), then collect in order.
+
+    Every prompt is rendered and tokenized before the first is sent: requests that arrive
+    within milliseconds of each other decode in one batch (and share their schema's prefill),
+    while rendering between submissions would spread them past the server's batching window."""
     params = types.SamplingParams(
         max_tokens=max_tokens, temperature=temperature, seed=seed, stop=list(STOP_SEQUENCES[style])
     )
-    futures = [
-        sampler.sample(
-            types.ModelInput.from_ints(prompt_tokens(tokenizer, task, style, view)),
-            num_samples=num_samples,
-            sampling_params=params,
-        )
-        for task in tasks
-    ]
+    prompts = [types.ModelInput.from_ints(prompt_tokens(tokenizer, task, style, view))
+               for task in tasks]
+    futures = [sampler.sample(prompt, num_samples=num_samples, sampling_params=params)
+               for prompt in prompts]
     return [list(f.result().sequences) for f in futures]
 
 

@@ -133,6 +133,11 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
         compute-bound from a few hundred tokens on and sharing a pass measured 0.94x
         (`bench/bench_fused_runs.py`); on elsewhere, where a small run's micro-batch leaves an
         accelerator idle (not yet measured on one: the device check times it)."""
+        self.shared_prefill = True
+        """Under invariance, prompts that begin alike compute their shared prefix once and the
+        rest run in groups of similar length (`Sampling._prefill_aligned`); off: every prompt
+        whole, all in one forward padded to the longest (bit for bit the same; the reference
+        `bench/bench_eval_prefill.py` compares with)."""
         self.first_token_from_scoring = True
         """A one-token request that also asks for its prompt's logprobs (`compute_logprobs`)
         draws its token from the scoring forward under invariance; off: a second prefill, as

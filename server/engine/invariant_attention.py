@@ -319,7 +319,8 @@ class PositionCache:
 
     def rows(self, index: list[int]) -> PositionCache:
         """A cache over some of these rows (in `index`'s order) for a prefill of those rows
-        alone: it writes into this cache and reads back only its own rows' written columns."""
+        alone, each row's tokens at its own positions: it writes into this cache and reads
+        back only its own rows, up to the last position written."""
         return _CacheRows(self, index)
 
     @property
@@ -338,13 +339,15 @@ class _CacheRows(PositionCache):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        # Each row's tokens at its own positions (`write_positions`, `[rows, width]`): rows
+        # may start at different positions (prompts continuing different shared prefixes).
         where = self.write_positions
-        assert where is not None and key_states.shape[2] > 1, "a prefill of these rows only"
-        first, stop = int(where[0, 0]), int(where[0, -1]) + 1
+        assert where is not None
+        stop = int(where.max()) + 1
         out = []
         for stored, new in ((self.keys[layer_idx], key_states),
                             (self.values[layer_idx], value_states)):
-            stored[self.index, :, first:stop] = new.to(stored.dtype)
+            stored[self.index[:, None], :, where] = new.transpose(1, 2).to(stored.dtype)
             out.append(stored[self.index, :, :stop])
         return out[0], out[1]
 

@@ -104,6 +104,8 @@ class EngineStats:
     fused_passes: int = 0
     """Training body passes that carried several runs' micro-batches (under invariance)."""
     sample_batches: int = 0
+    prefill_seconds: float = 0.0
+    """Time spent prefilling prompts for decoding (part of `busy_seconds`)."""
     last_batch_rows: int = 0
     started: float = field(default_factory=time.monotonic)
 

@@ -51,6 +51,7 @@ class Sampling:
     share_prefixes: bool
     device_sampling: bool
     first_token_from_scoring: bool
+    shared_prefill: bool
     batch_invariant: bool
     activation_dtype: torch.dtype
     _can_pack: bool
@@ -331,7 +332,9 @@ class Sampling:
             assert all(n == 1 for n in max_new), "first_logits serve one-token requests only"
             logits = first_logits
         elif self.batch_invariant:
+            prefill_started = time.perf_counter()
             cache, logits = self._prefill_aligned(jobs)
+            self.stats.prefill_seconds += time.perf_counter() - prefill_started
         else:
             # One prefill per request, not per sample: a request's rows share its prompt and
             # adapter, so their caches start equal and are copied out after the prefill.
@@ -411,40 +414,78 @@ class Sampling:
 
     def _prefill_aligned(self, jobs: list[SampleJob]) -> tuple[object, torch.Tensor]:
         """Every request's prompt into one `PositionCache`: each key at its position's column,
-        so a prompt's numbers do not depend on the others. Prompts of similar length run one
-        right-padded forward together (`prefill_groups`: padding stays a small part of the
-        tokens; padding keys lie past every real query, and decoding overwrites them before
-        reading them). Returns the cache (a row per request) and each request's last-position
-        logits."""
+        so a prompt's numbers do not depend on the others. Returns the cache (a row per
+        request) and each request's last-position logits.
+
+        Two savings, neither of which changes a bit (under invariance a token's keys and
+        hidden state depend only on the tokens before it): prompts of one adapter that begin
+        alike (questions on one database's schema) compute their shared prefix once, copied
+        into each one's row, and then only their own tokens (`shared_prefixes`); the rest run
+        whole, those of similar length in one right-padded forward (`prefill_groups`; padding
+        keys lie past every real query, and decoding overwrites them before reading them)."""
         config = self.model.config
-        capacity = max(len(job.prompt) + self._max_new(job) for job in jobs)
+        clusters = (shared_prefixes([job.prompt for job in jobs], [job.adapter for job in jobs])
+                    if self.shared_prefill else [])
+        starts = [0] * len(jobs)
+        for cluster in clusters:
+            for j in cluster.members:
+                starts[j] = cluster.length
+        # Room for a padded continuation past the longest prompt (`_prefill_rows`).
+        tail = max((len(jobs[j].prompt) - starts[j] for c in clusters for j in c.members),
+                   default=0)
+        capacity = max(len(job.prompt) + self._max_new(job) for job in jobs) + tail
         head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
         cache = invariant_attention.PositionCache(
             config.num_hidden_layers, len(jobs), config.num_key_value_heads, capacity, head_dim,
             invariant_attention.CACHE_DTYPE, self.device,
         )
-        pad_id = int(self.tokenizer.pad_token_id or 0)
         last: list[torch.Tensor | None] = [None] * len(jobs)
-        for group in prefill_groups([len(job.prompt) for job in jobs]):
-            width = max(len(jobs[j].prompt) for j in group)
-            tokens = torch.full((len(group), width), pad_id, dtype=torch.long)
-            for k, j in enumerate(group):
-                tokens[k, : len(jobs[j].prompt)] = torch.tensor(jobs[j].prompt)
-            positions = torch.arange(width, device=self.device).expand(len(group), width)
-            rows = cache.rows(group)
-            rows.write_positions = positions
-            routes = [RowGroup(jobs[j].adapter, k, k + 1) for k, j in enumerate(group)]
-            with routing(routes), row_invariant():
-                hidden = self._body(
-                    input_ids=tokens.to(self.device),
-                    attention_mask=self._decode_masks(positions),
-                    position_ids=positions,
-                    use_cache=True,
-                    **{self._cache_kw: rows},
-                ).last_hidden_state
-            for k, j in enumerate(group):
-                last[j] = hidden[k, len(jobs[j].prompt) - 1]
+        # First whole prompts and each shared prefix (in its first member's row), then, the
+        # prefixes copied into the other members' rows, every member's own tokens.
+        whole = [(j, 0, len(job.prompt)) for j, job in enumerate(jobs) if not starts[j]]
+        whole += [(c.members[0], 0, c.length) for c in clusters]
+        rest = [(j, starts[j], len(jobs[j].prompt)) for c in clusters for j in c.members]
+        for phase, pieces in enumerate((whole, rest)):
+            if phase:
+                for c in clusters:
+                    others = list(c.members[1:])
+                    for tensor in cache.keys + cache.values:
+                        tensor[others, :, : c.length] = tensor[c.members[0], :, : c.length]
+            lengths = [end - start for _, start, end in pieces]
+            groups = (prefill_groups(lengths) if self.shared_prefill
+                      else [list(range(len(pieces)))] if pieces else [])
+            for group in groups:
+                chosen = [pieces[k] for k in group]
+                hidden = self._prefill_rows(jobs, cache, chosen)
+                for k, (j, start, end) in enumerate(chosen):
+                    if end == len(jobs[j].prompt):
+                        last[j] = hidden[k, end - start - 1]
         return cache, self._last_logits(jobs, torch.stack(last))  # type: ignore[arg-type]
+
+    def _prefill_rows(self, jobs: list[SampleJob], cache: invariant_attention.PositionCache,
+                      pieces: list[tuple[int, int, int]]) -> torch.Tensor:
+        """One right-padded forward of positions `start..end-1` of each `(job, start, end)`'s
+        prompt into its cache row (its keys before `start` already there); returns the hidden
+        states, `[pieces, width, hidden]`. A row's padding runs past its prompt, at most the
+        widest piece's length: the cache has room for it (`_prefill_aligned`)."""
+        width = max(end - start for _, start, end in pieces)
+        pad_id = int(self.tokenizer.pad_token_id or 0)
+        tokens = torch.full((len(pieces), width), pad_id, dtype=torch.long)
+        for k, (j, start, end) in enumerate(pieces):
+            tokens[k, : end - start] = torch.tensor(jobs[j].prompt[start:end])
+        first = torch.tensor([start for _, start, _ in pieces], device=self.device)
+        positions = first[:, None] + torch.arange(width, device=self.device)
+        view = cache.rows([j for j, _, _ in pieces])
+        view.write_positions = positions
+        routes = [RowGroup(jobs[j].adapter, k, k + 1) for k, (j, _, _) in enumerate(pieces)]
+        with routing(routes), row_invariant():
+            return self._body(
+                input_ids=tokens.to(self.device),
+                attention_mask=self._decode_masks(positions),
+                position_ids=positions,
+                use_cache=True,
+                **{self._cache_kw: view},
+            ).last_hidden_state
 
     def _decode_masks(self, positions: torch.Tensor) -> dict[str, object]:
         """The invariant attention's layout per layer type: the queries' positions."""
@@ -558,3 +599,54 @@ def prefill_groups(lengths: list[int]) -> list[list[int]]:
         groups.append([j])
         real = lengths[j]
     return groups
+
+
+SHARED_PREFIX_TOKENS = 32
+"""Prompts that begin with at least this many equal tokens share their prefill..."""
+SHARED_PREFIX_SHARE = 0.5
+"""...when those are at least this share of each one's prompt (a common preamble before
+different schemas is not worth a group)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedPrefix:
+    """Prompts (by index) of one adapter whose first `length` tokens are equal."""
+
+    members: tuple[int, ...]
+    length: int
+
+
+def shared_prefixes(prompts: list[list[int]], adapters: list[object]) -> list[SharedPrefix]:
+    """Groups of at least two prompts of one adapter that share a prefix of at least
+    `SHARED_PREFIX_TOKENS` tokens and `SHARED_PREFIX_SHARE` of each one's length, each prompt
+    keeping at least its last token to run (whose hidden state the first draw reads). Prompts
+    sorted by adapter and tokens; neighbours join while their common prefix stays that long,
+    and the group shares the shortest such prefix."""
+    order = sorted(range(len(prompts)), key=lambda j: (id(adapters[j]), prompts[j]))
+    found: list[SharedPrefix] = []
+    members: list[int] = []
+    length = longest = 0
+    for j in order:
+        if members:
+            common = min(_common_prefix(prompts[members[-1]], prompts[j]), length,
+                         len(prompts[j]) - 1)
+            longest_with = max(longest, len(prompts[j]))
+            enough = max(SHARED_PREFIX_TOKENS, SHARED_PREFIX_SHARE * longest_with)
+            if adapters[j] is adapters[members[-1]] and common >= enough:
+                members.append(j)
+                length, longest = common, longest_with
+                continue
+            if len(members) > 1:
+                found.append(SharedPrefix(tuple(members), length))
+        members, length, longest = [j], len(prompts[j]) - 1, len(prompts[j])
+    if len(members) > 1:
+        found.append(SharedPrefix(tuple(members), length))
+    return found
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

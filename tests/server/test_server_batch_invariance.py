@@ -19,6 +19,7 @@ from server.engine.engine import AdamParams, Engine, ForwardBackwardJob, SampleJ
 from server.engine.invariant_attention import QUERY_CHUNK
 from server.engine.jobs import SamplingParams
 from server.engine.model_loading import load_base_model
+from server.engine.sampling import SHARED_PREFIX_TOKENS, shared_prefixes
 from server.protocol.codec import Datum
 from tests.server.test_server_prefix_sharing import _named, new_state, rl_group, sft_data
 
@@ -181,6 +182,55 @@ def test_a_long_prompt_gets_the_same_bits_alone_beside_others_and_in_training(en
     first, result, fb = sampled_then_trained(engine, others, first_length=length)
     for seq, out in zip(result.sequences, fb.outputs, strict=True):
         assert np.array_equal(out["logprobs"][length - 1 :],
+                              np.asarray(seq.logprobs, dtype=np.float32))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_prompts_that_share_a_prefix_get_the_bits_of_their_own_prefill(engine, temperature):
+    """Requests of one adapter on one long prefix (questions on one schema) compute it once
+    (`shared_prefixes`); each gets the bits it gets alone, and the trainer gives its samples
+    the sampler's bits."""
+    rng = np.random.default_rng(5)
+    vocab = engine.vocab_size
+    adapter = new_state(engine, 1).adapter.detached()
+    prefix = rng.integers(5, vocab, size=SHARED_PREFIX_TOKENS + 70).tolist()
+    other = rng.integers(5, vocab, size=SHARED_PREFIX_TOKENS + 28).tolist()
+    prompts = [prefix + rng.integers(5, vocab, size=n).tolist() for n in (9, 3, 30, 1)]
+    # a second prefix: continuations that start at other positions share forwards
+    prompts += [other + rng.integers(5, vocab, size=n).tolist() for n in (8, 2)]
+    prompts.append(prefix[:40] + rng.integers(5, vocab, size=4).tolist())  # shares too little
+    params = SamplingParams(max_tokens=12, temperature=temperature, seed=3, stop=[])
+
+    def job(prompt: list[int]) -> SampleJob:
+        return SampleJob(adapter, prompt, 3, params)
+
+    groups = shared_prefixes(prompts, [adapter] * len(prompts))
+    assert sorted(sorted(g.members) for g in groups) == [[0, 1, 2, 3], [4, 5]]
+    together = engine.sample([job(p) for p in prompts])
+    engine.shared_prefill = False  # every prompt whole, all in one padded forward
+    try:
+        plain = engine.sample([job(p) for p in prompts])
+    finally:
+        engine.shared_prefill = True
+    for a_result, b_result in zip(plain, together, strict=True):
+        for a, b in zip(a_result.sequences, b_result.sequences, strict=True):
+            assert a.tokens == b.tokens and np.array_equal(a.logprobs, b.logprobs)
+    for prompt, got in zip(prompts, together, strict=True):
+        alone = engine.sample([job(prompt)])[0]
+        for a, b in zip(alone.sequences, got.sequences, strict=True):
+            assert a.tokens == b.tokens and np.array_equal(a.logprobs, b.logprobs)
+    prompt, result = prompts[2], together[2]
+    data = []
+    for seq in result.sequences:
+        full = np.asarray(prompt + seq.tokens, dtype=np.int64)
+        advantages = np.ones(len(full) - 1, np.float32)
+        data.append(Datum(full[:-1], {"target_tokens": full[1:],
+                                      "logprobs": np.zeros(len(full) - 1, np.float32),
+                                      "advantages": advantages}))
+    fb = engine.forward_backward([ForwardBackwardJob(new_state(engine, 1), data,
+                                                     "importance_sampling", {}, True)])[0]
+    for seq, out in zip(result.sequences, fb.outputs, strict=True):
+        assert np.array_equal(out["logprobs"][len(prompt) - 1 :],
                               np.asarray(seq.logprobs, dtype=np.float32))
 
 

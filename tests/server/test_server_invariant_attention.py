@@ -111,6 +111,14 @@ def test_a_prefill_of_some_rows_writes_those_rows_and_reads_only_them():
     assert torch.equal(cache.values[1][1, :, :5], -new[1])
     untouched = [cache.keys[1][0], cache.keys[1][2], cache.keys[0][3], cache.keys[1][3, :, 5:]]
     assert all(not t.any() for t in untouched)
+    # rows continuing at different positions: each row's tokens go to its own columns
+    more = cache.rows([1, 3])
+    more.write_positions = torch.tensor([[5, 6], [9, 10]])
+    step = torch.randn(2, 1, 2, 4)
+    keys, _ = more.update(step, step, 1)
+    assert keys.shape[2] == 11
+    assert torch.equal(keys[0, :, 5:7], step[0]) and torch.equal(keys[1, :, 9:11], step[1])
+    assert torch.equal(keys[0, :, :5], new[1]) and not keys[1, :, 5:9].any()
 
 
 def test_reading_repeated_columns_gives_the_same_gradient_every_time():

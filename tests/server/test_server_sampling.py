@@ -7,7 +7,12 @@ import pytest
 import torch
 from tinker import types
 
-from server.engine.sampling import PREFILL_PADDING, prefill_groups
+from server.engine.sampling import (
+    PREFILL_PADDING,
+    SHARED_PREFIX_TOKENS,
+    prefill_groups,
+    shared_prefixes,
+)
 
 
 @pytest.fixture
@@ -147,3 +152,17 @@ def test_prefill_groups_take_every_prompt_once_with_little_padding(lengths):
         assert width == max(lengths[j] for j in group)
         real = sum(lengths[j] for j in group)
         assert len(group) == 1 or width * len(group) * (1 - PREFILL_PADDING) <= real
+
+
+def test_shared_prefixes_group_prompts_of_one_adapter_that_begin_alike():
+    schema = list(range(100, 100 + SHARED_PREFIX_TOKENS + 20))
+    prompts = [schema + [1, 2], [7] * 80, schema + [3], schema[:SHARED_PREFIX_TOKENS] + [9, 9],
+               schema + [1, 2], schema[:10] + [4] * 40, schema]
+    one, other = object(), object()
+    adapters = [one, one, one, one, other, one, one]
+    groups = [(set(g.members), g.length) for g in shared_prefixes(prompts, adapters)]
+    # the other adapter's prompt and the ones that share too little stay alone
+    assert groups == [({0, 2, 3, 6}, SHARED_PREFIX_TOKENS)]
+    whole = shared_prefixes([schema + [1], schema + [2], schema], [one] * 3)
+    # every member keeps at least its last token to run
+    assert [(g.members, g.length) for g in whole] == [((2, 0, 1), len(schema) - 1)]
