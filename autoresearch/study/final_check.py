@@ -6,6 +6,7 @@ the plan journaled first so that a resumed study finishes that read and never st
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from autoresearch.rl.config import TrialConfig
@@ -45,6 +46,7 @@ def read_test_once(study: Study, journal: Journal, directory: Path, run: RunJob,
         journal.event("test plan", "the test split is read once, for "
                       + ", ".join(c["id"] for c in contenders),
                       trials=[c["id"] for c in contenders])
+    jobs = []
     for row in contenders:
         if row.get("test") or not row.get("checkpoint"):
             continue
@@ -53,21 +55,28 @@ def read_test_once(study: Study, journal: Journal, directory: Path, run: RunJob,
             "sft.steps": 0, "rl.steps": 0, "eval.every": 0, "eval.dev_tasks": 0,
             "eval.test_tasks": tasks, "eval.baseline": False,
             "eval.transfer_tasks": study.base_trial.eval.transfer_tasks})
-        job = TrialJob(f"{row['id']}-test", config,
-                       (directory / "final-test" / row["id"]).resolve())
-        try:
-            result = run(job)
-        except Exception as exc:  # noqa: BLE001 - a failed check is reported, not fatal
-            journal.event("test", f"final test check of {row['id']} failed: "
-                          f"{type(exc).__name__}: {exc}", row["id"])
-            return
-        acc = (result.test or {}).get("accuracy") or {}
-        journal.update_trial(
-            row["id"], test=result.test, test_accuracy=acc.get("value"),
-            test_low=acc.get("low"), test_high=acc.get("high"), test_n=acc.get("n"))
-        journal.event("test", f"test split read once for {row['id']}: accuracy "
-                      f"{acc.get('value')} on {acc.get('n')} tasks", row["id"])
-        journal_transfer(journal, row["id"], job.directory)
+        jobs.append((row["id"], TrialJob(f"{row['id']}-test", config,
+                                         (directory / "final-test" / row["id"]).resolve())))
+    # The reads run side by side (the server decodes them in shared batches, each run's bits
+    # its own) and are journaled in the plan's order, each on its own: one that fails is
+    # reported and leaves the others' results standing; a resume reads only what is missing.
+    width = max(1, min(len(jobs), study.executor.max_parallel_trials))
+    with ThreadPoolExecutor(max_workers=width, thread_name_prefix="test-read") as pool:
+        futures = [(trial_id, job, pool.submit(run, job)) for trial_id, job in jobs]
+        for trial_id, job, future in futures:
+            try:
+                result = future.result()
+            except Exception as exc:  # noqa: BLE001 - a failed check is reported, not fatal
+                journal.event("test", f"final test check of {trial_id} failed: "
+                              f"{type(exc).__name__}: {exc}", trial_id)
+                continue
+            acc = (result.test or {}).get("accuracy") or {}
+            journal.update_trial(
+                trial_id, test=result.test, test_accuracy=acc.get("value"),
+                test_low=acc.get("low"), test_high=acc.get("high"), test_n=acc.get("n"))
+            journal.event("test", f"test split read once for {trial_id}: accuracy "
+                          f"{acc.get('value')} on {acc.get('n')} tasks", trial_id)
+            journal_transfer(journal, trial_id, job.directory)
 
 
 def journal_transfer(journal: Journal, trial_id: str, directory: Path) -> None:

@@ -131,3 +131,45 @@ def test_a_resume_never_reads_the_test_split_for_a_new_best(tmp_path: Path):
     assert [c for c in executor.calls if c.endswith("-test")] == tested
     events = Journal(tmp_path, read_only=True).events()
     assert any("not read again" in e["message"] for e in events)
+
+
+def test_the_test_reads_run_side_by_side_and_one_failure_leaves_the_others(tmp_path: Path):
+    """The final check's reads run together (up to the executor's width) and are journaled in
+    the plan's order; a read that fails is reported and the others keep their results; a
+    resume reads only the missing one."""
+    study = Study(name="reads", search_space=SPACE, executor={"max_parallel_trials": 3},
+                  budget={"max_trials": 2, "seed_bank": 3})
+    failing = {"on": True}
+
+    def crash_if(config: TrialConfig) -> bool:
+        return failing["on"] and config.name.endswith("-test") and config.seed == 0
+
+    executor = SyntheticExecutor(lambda c: 0.4, tasks=32, crash_if=crash_if, delay=0.2)
+    reading, most = [], []
+    trial_run = executor.run
+
+    def run(job, sink):
+        if job.id.endswith("-test"):
+            reading.append(job.id)
+            most.append(len(reading))
+        try:
+            return trial_run(job, sink)
+        finally:
+            if job.id in reading:
+                reading.remove(job.id)
+
+    executor.run = run
+    run_study(study, tmp_path, executor=executor)
+    journal = Journal(tmp_path, read_only=True)
+    planned = next(e for e in journal.events() if e["kind"] == "test plan")["data"]["trials"]
+    assert len(planned) == 3 and max(most) == 3
+    read = {t["id"]: t["test_accuracy"] for t in journal.trials() if t["id"] in planned}
+    failed = [e for e in journal.events() if "final test check of" in e["message"]]
+    assert len(failed) == 1 and sum(v is None for v in read.values()) == 1
+    assert sum(v is not None for v in read.values()) == len(planned) - 1
+    failing["on"] = False
+    before = len([c for c in executor.calls if c.endswith("-test")])
+    run_study(study, tmp_path, executor=executor)
+    assert len([c for c in executor.calls if c.endswith("-test")]) == before + 1
+    journal = Journal(tmp_path, read_only=True)
+    assert all(t["test_accuracy"] is not None for t in journal.trials() if t["id"] in planned)
