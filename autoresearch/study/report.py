@@ -30,11 +30,12 @@ from autoresearch.study.confirmation import (
     config_runs,
     dev_arms,
     held_out_gain,
+    test_arms,
     test_verdicts,
     warmup_of,
 )
 from autoresearch.study.decision_text import decision_text
-from autoresearch.study.decisions import ErrorBudget, KeepRule, paired_items
+from autoresearch.study.decisions import ErrorBudget, KeepRule, Verdicts, paired_items
 from autoresearch.study.journal import Journal
 from autoresearch.study.space import config_diff
 from autoresearch.study.spec import WARMUP_ID
@@ -149,6 +150,44 @@ def _mean_acc(runs: list) -> str:
             else f"{scores[0]:.3f} (1 run)")
 
 
+def _arms_on(trials: list[dict[str, Any]], best_id: str, split: str
+             ) -> tuple[list[Verdicts], list[Verdicts]] | None:
+    """`split` verdicts of the runs the final check read for each arm (`test_arms`)."""
+    kept, base = ([t[split]["verdicts"] for t in arm if (t.get(split) or {}).get("verdicts")]
+                  for arm in test_arms(trials, best_id))
+    return (kept, base) if kept and base else None
+
+
+def _held_out_row(trials: list[dict[str, Any]], best: dict[str, Any],
+                  baseline: dict[str, Any] | None, same: bool, split: str) -> list[str] | None:
+    """The Result row of a split read once in the final check (test, transfer), with runs as
+    the unit where each arm has several; None where the split was not read."""
+    arms = _arms_on(trials, best["id"], split)
+    if arms:
+        gain, over_runs = held_out_gain(*arms)
+        if over_runs is not None:
+            return [f"{split} (runs)", _mean_acc(arms[1]), _mean_acc(arms[0]),
+                    _diff(gain) + " over runs"]
+        return [f"{split} (runs read)", _mean_acc(arms[1]), _mean_acc(arms[0]),
+                _diff(gain) + " over tasks"]
+    runs = _scored_runs(trials, best["config_key"], split)
+    if same and len(runs) > 1:
+        return [f"{split} (runs)", _runs_cell(runs), _runs_cell(runs), "-"]
+    if split != "test" and not (best.get(split) or (baseline or {}).get(split)):
+        return None
+    return [split, _acc(baseline, split), _acc(best, split),
+            "-" if same else _diff(_paired(best, baseline, split))]
+
+
+def with_transfer(trials: list[dict[str, Any]], events: list[dict[str, Any]]
+                  ) -> list[dict[str, Any]]:
+    """Trials with the transfer split's verdicts (journaled as events by the final check) under
+    `transfer`, as `test` holds the test split's, so both are reported the same way."""
+    read = {e["trial_id"]: e["data"] for e in events
+            if e["kind"] == "transfer" and (e["data"] or {}).get("verdicts")}
+    return [{**t, "transfer": read[t["id"]]} if t["id"] in read else t for t in trials]
+
+
 def _against_warmup_blocks(trials: list[dict[str, Any]],
                            best: dict[str, Any] | None) -> list[Block]:
     """Every scored trial against the warm-up checkpoint it forked from: did RL help at all?"""
@@ -247,7 +286,7 @@ def _seed_bank_blocks(trials: list[dict[str, Any]], budget: dict[str, Any]) -> l
 def build(journal: Journal) -> list[Block]:
     study = journal.study()
     spec = study["spec"]
-    trials = journal.trials()
+    trials = with_transfer(journal.trials(), journal.events())
     explored = [t for t in trials if t["role"] in ("baseline", "explore")]
     confirms = [t for t in trials if t["role"] == "confirm"]
     baseline = next((t for t in trials if t["role"] == "baseline"), None)
@@ -295,6 +334,8 @@ def build(journal: Journal) -> list[Block]:
             test_gain, runs_test = held_out_gain(*arms)
         else:
             test_gain = _paired(best, baseline, "test")
+        held_out_rows = [_held_out_row(trials, best, baseline, same, split)
+                         for split in ("test", "transfer")]
         if unfinished_study:
             headline = (f"Best so far: {best['id']} ({_changes(best)}); no verdict on the study "
                         "until it finishes.")
@@ -303,18 +344,8 @@ def build(journal: Journal) -> list[Block]:
                         "stays the best." if same else
                         f"Best config: {best['id']} ({_changes(best)}).")
         blocks.append(Block("p", headline))
-        if runs_test is not None:
-            test_row = ["test (runs)", _mean_acc(arms[1]), _mean_acc(arms[0]),
-                        _diff(test_gain) + " over runs"]
-        elif arms:
-            test_row = ["test (runs read)", _mean_acc(arms[1]), _mean_acc(arms[0]),
-                        _diff(test_gain) + " over tasks"]
-        elif same and len(base_test := _scored_runs(trials, best["config_key"], "test")) > 1:
-            test_row = ["test (runs)", _runs_cell(base_test), _runs_cell(base_test), "-"]
-        else:
-            test_row = ["test", _acc(baseline, "test"), _acc(best, "test"),
-                        "-" if same else _diff(test_gain)]
-        rows = [*_dev_rows(trials, best, baseline, same, dev_gain), test_row]
+        rows = [*_dev_rows(trials, best, baseline, same, dev_gain),
+                *(row for row in held_out_rows if row is not None)]
         blocks.append(Block("table", headers=[
             "split", f"base config (baseline {baseline['id'] if baseline else '-'})",
             f"best config ({best['id']})", "best - base (95% CI)"], rows=rows))
@@ -354,6 +385,11 @@ def build(journal: Journal) -> list[Block]:
         if on_test and not unfinished_study:
             blocks.append(Block("p", "On the test split, read once with the warm-up beside "
                                 "them: " + on_test.strip()))
+        on_transfer = _base_runs_against_warmup(trials, "transfer")
+        if on_transfer and not unfinished_study:
+            blocks.append(Block("p", "On the transfer split (hand-written questions on "
+                                "databases no corpus has), read in the same check: "
+                                + on_transfer.strip()))
         spec_cfg = TrialConfig.model_validate(spec["base_trial"])
         # trials of a study read dev only; shown as a standalone trial would run it
         shown = {"eval.test_tasks": spec_cfg.eval.test_tasks,

@@ -17,6 +17,7 @@ from typing import Any
 
 from autoresearch.evaluation.stats import wilson
 from autoresearch.rl.config import TrialConfig
+from autoresearch.rl.record import TrialRecord
 from autoresearch.rl.trial import TrialResult
 from autoresearch.study.executors.base import TrialJob
 from autoresearch.study.space import config_key
@@ -77,6 +78,12 @@ class SyntheticExecutor:
             dev = summary("dev", draw(job.config, "dev", p, self.tasks)) if ev.dev_tasks else None
             test = (summary("test", draw(job.config, "test", p, self.tasks))
                     if ev.test_tasks else None)
+            if ev.transfer_tasks:  # read beside test; the final check takes it from the record
+                transfer = summary("transfer", draw(job.config, "transfer", p * 0.5,
+                                                    ev.transfer_tasks))
+                transfer["execute_rate"] = 0.8
+                Path(job.directory).mkdir(parents=True, exist_ok=True)
+                TrialRecord(Path(job.directory)).append("final", transfer=transfer)
             return TrialResult(Path(job.directory), dev, test,
                                steps=2, tokens=100, wall_seconds=self.delay,
                                checkpoint=f"tinker://{job.id}/weights/final")

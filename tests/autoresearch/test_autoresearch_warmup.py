@@ -213,7 +213,8 @@ def test_with_nothing_kept_the_seed_bank_meets_the_warmup_on_test_with_runs_as_t
 
     executor = SyntheticExecutor(quality, tasks=96)
     study = Study(name="bank-on-test", search_space=LR,
-                  base_trial={"sft": {"steps": 0}, "rl": {"steps": 4}, "eval": {"every": 0}},
+                  base_trial={"sft": {"steps": 0}, "rl": {"steps": 4},
+                              "eval": {"every": 0, "transfer_tasks": 40}},
                   warmup={"sft": {"steps": 3, "batch_size": 4},
                           "cache_dir": str(tmp_path / "cache")},
                   budget={"max_trials": 3, "confirm_seeds": 1, "max_confirm_trials": 2,
@@ -229,3 +230,7 @@ def test_with_nothing_kept_the_seed_bank_meets_the_warmup_on_test_with_runs_as_t
     assert re.search(r"On the test split, read once with the warm-up beside them: .*mean test "
                      r"accuracy 0\.\d{3} over 3 run\(s\)", report)
     assert re.search(r"\| test \(runs\) \| 0\.\d{3} \[.*\] \(mean of 3 runs\) \|", report)
+    # the transfer split, read in the same check, is reported the same way
+    assert re.search(r"\| transfer \(runs\) \| 0\.\d{3} \[.*\] \(mean of 3 runs\) \|", report)
+    assert re.search(r"On the transfer split .*read in the same check: .*mean transfer "
+                     r"accuracy 0\.\d{3} over 3 run\(s\)", report)
