@@ -385,25 +385,31 @@ class StudyRunner:
         pending: dict[Future, str] = {}
         threads = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="trial")
         finished = False
+        def start_queued() -> None:
+            for row in self.journal.trials():
+                if row["status"] not in ACTIVE:
+                    continue
+                if len(pending) >= parallel:
+                    break
+                if row["id"] not in pending.values():
+                    pending[self._dispatch(row, executor_for(row), threads)] = row["id"]
+
         try:
             while True:
                 self.keeping.decide()
                 if self._rounds and self.pruning.enabled:
                     self.pruning.start_round(self.journal.trials(), self._intermediate_evals())
-                for row in self.journal.trials():
-                    if row["status"] not in ACTIVE:
-                        continue
-                    if len(pending) >= parallel:
-                        break
-                    if row["id"] not in pending.values():
-                        pending[self._dispatch(row, executor_for(row), threads)] = row["id"]
+                start_queued()
                 free = parallel - len(pending)
                 if free > 0:
                     new = self._new_trials(free)
                     for row in new:
                         pending[self._dispatch(row, executor_for(row), threads)] = row["id"]
                     if any(row["role"] == "baseline" for row in new):
-                        self.keeping.decide()  # queues the seed bank, the baseline's company
+                        # Queues the seed bank, the baseline's company: in the baseline's own
+                        # round where slots are left, else in the next.
+                        self.keeping.decide()
+                        start_queued()
                 if not pending:
                     break
                 # Rounds: the next decisions wait for the whole round, so they never depend

@@ -173,3 +173,16 @@ def test_the_test_reads_run_side_by_side_and_one_failure_leaves_the_others(tmp_p
     assert len([c for c in executor.calls if c.endswith("-test")]) == before + 1
     journal = Journal(tmp_path, read_only=True)
     assert all(t["test_accuracy"] is not None for t in journal.trials() if t["id"] in planned)
+
+
+def test_the_seed_bank_runs_in_the_baselines_round_where_slots_are_left(tmp_path: Path):
+    """Rounds wait for their slowest trial; the bank, queued with the baseline, starts beside
+    it when the executor has room, instead of making a round of its own."""
+    study = Study(name="bank-round", search_space=SPACE, executor={"max_parallel_trials": 5},
+                  budget={"max_trials": 3, "seed_bank": 3})
+    executor = SyntheticExecutor(lambda c: 0.4, tasks=32, delay=0.3)
+    run_study(study, tmp_path, executor=executor)
+    trials = Journal(tmp_path, read_only=True).trials()
+    first_round = [t for t in trials if t["role"] in ("baseline", "explore", "bank")]
+    assert sorted(t["role"] for t in first_round)[:3] == ["bank", "bank", "baseline"]
+    assert executor.max_active == len(first_round) >= 4
