@@ -393,6 +393,7 @@ def build(journal: Journal) -> list[Block]:
         spec_cfg = TrialConfig.model_validate(spec["base_trial"])
         # trials of a study read dev only; shown as a standalone trial would run it
         shown = {"eval.test_tasks": spec_cfg.eval.test_tasks,
+                 "eval.transfer_tasks": spec_cfg.eval.transfer_tasks,
                  "eval.baseline": spec_cfg.eval.baseline}
         best_cfg = TrialConfig.model_validate(best["config"]).with_changes(shown)
         # Compared with the baseline as it ran, so what the runner adds to every trial (the
