@@ -1,11 +1,11 @@
 """Decoding through the SDK at batch width: greedy against sampling, and the scheduler's
-batching window against a wider one, in one run on one in-process server.
+batching window against the narrower one it had before, in one run on one in-process server.
 
 48 random 100-token prompts on the embedded Gemma 3 270M, 64 new tokens each (no stop), each
 prompt its own `sample` request, all submitted at once from one `SamplingClient` (as a study's
 evaluation or an RL group does), then every result awaited. Rounds alternate greedy (temperature
 0) and sampling (temperature 1) under the scheduler's batching window (`sample_quiet_seconds`,
-`sample_gather_seconds`) and under a wider one (30 ms of quiet, 300 ms at most). Prints
+`sample_gather_seconds`) and under the earlier one (10 ms of quiet, 50 ms at most). Prints
 tokens per second and how many engine batches each round took (a round split in two decodes
 its stragglers at a fraction of the width). Then the baseline, in the same run: the same 48
 prompts in one batch through plain `transformers` `generate` (the model loaded as a user would,
@@ -29,8 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_multirun import bench_server, loadavg, quiet  # noqa: E402
 
-WIDER_WINDOW = (0.03, 0.3)
-"""(quiet, at most) seconds of a wider sampling window than the scheduler's default."""
+EARLIER_WINDOW = (0.01, 0.05)
+"""(quiet, at most) seconds of the sampling window the scheduler had before its default."""
 
 
 def main() -> None:
@@ -46,7 +46,7 @@ def main() -> None:
     with bench_server(args) as bench:
         scheduler = bench.service.scheduler
         windows = {"now": (scheduler.sample_quiet_seconds, scheduler.sample_gather_seconds),
-                   "wider": WIDER_WINDOW}
+                   "earlier": EARLIER_WINDOW}
         sampler = bench.client.create_sampling_client(base_model=bench.base_model)
         rng = np.random.default_rng(0)
         prompts = [types.ModelInput.from_ints(
