@@ -18,10 +18,10 @@ with the incumbent (the best so far): per task, right or wrong (`stats.paired_ex
                   the exact one-sided sign-flip test of the per-task differences (for one seed,
                   the exact McNemar test) gives p at most the per-confirmation alpha, and so
                   does a test with runs as the unit (`stats.run_level_test`: each run's
-                  accuracy one observation, Welch's t with each side's own run-to-run spread,
-                  the incumbent's pooled with the baseline's seed bank). A run's own luck is
-                  shared by all its tasks, so the task-level test alone treats one lucky run
-                  as many independent wins.
+                  accuracy one observation, the run-to-run spreads pooled with the baseline's
+                  seed bank, or Welch's t where the candidate's runs spread clearly wider). A
+                  run's own luck is shared by all its tasks, so the task-level test alone
+                  treats one lucky run as many independent wins.
     error budget  the study's alpha (the chance that it keeps any change that is no better) is
                   split evenly (Bonferroni) over the most confirmations its budget allows, so it
                   holds whichever candidates are picked, in whatever order, however the tests
@@ -152,10 +152,10 @@ class KeepRule:
 
         Two tests must both pass at the per-confirmation alpha: per task (the exact sign-flip
         test over tasks, which sees the noise of each answer) and per run (each run's accuracy
-        one observation, Welch's t with each side's own run-to-run spread, the incumbent's
-        pooled with the `reference` runs, the seed bank: it sees the luck a run shares across
-        all its tasks, which the task-level test cannot). Without run-to-run degrees of
-        freedom nothing is kept."""
+        one observation, `stats.run_level_test`: the spreads pooled with the `reference`
+        runs, the seed bank, or Welch's t where the candidate's runs spread clearly wider: it
+        sees the luck a run shares across all its tasks, which the task-level test cannot).
+        Without run-to-run degrees of freedom nothing is kept."""
         if not candidate_runs or not incumbent_runs:
             raise ValueError("a confirmation needs at least one fresh run on each side")
         alpha = self.budget.per_confirmation
@@ -173,12 +173,15 @@ class KeepRule:
             f"{self.select_p:g}) is re-run, with the best, on fresh seeds. It is kept only if "
             "those re-runs alone favour it at the per-confirmation alpha both per task "
             "(per-task outcomes averaged over seeds; exact one-sided McNemar / sign-flip test) "
-            "and per run (each run's accuracy one observation; one-sided t with the "
-            "Welch's t with each side's own run-to-run spread, the best's pooled with the "
-            "baseline's seed bank; a side with one re-run borrows the other's spread). "
+            "and per run (each run's accuracy one observation; a one-sided t-test with one "
+            "run-to-run spread pooled over both sides and the baseline's seed bank, or, where "
+            "the candidate's runs spread clearly wider, Welch's t with each side's own; a "
+            "side with one re-run borrows the other's spread). "
             "Without confirmation budget nothing is kept. " + self.budget.describe() + " Intervals "
             "are 95%: Newcombe's score interval for one seed, a bootstrap over tasks for "
-            "several. The test split is read once, for the final best against the base config."
+            "several. The test split is read once, at the end, for runs no dev decision "
+            "selected (fresh runs of a kept config and of the base config; with nothing kept, "
+            "the base config's runs), with the warm-up beside them."
         )
 
 

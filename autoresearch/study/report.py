@@ -128,7 +128,11 @@ def _num(value: float | None) -> str:
 def _wins(d: dict[str, Any]) -> str:
     if d.get("wins") is None:
         return "-"
-    return f"{d['wins']:g}/{d['losses']:g}"
+    # Over several seeds the wins and losses are per-task outcomes averaged over seeds.
+    def count(x: float) -> str:
+        return f"{x:.2f}".rstrip("0").rstrip(".")
+
+    return f"{count(d['wins'])}/{count(d['losses'])}"
 
 
 def _fmt(value: Any) -> str:
