@@ -394,12 +394,13 @@ def test_reads(trials: Sequence[Trial], best_id: str) -> list[Trial]:
     return reads
 
 
-def test_verdicts(trials: Sequence[Trial], best_id: str
+def test_verdicts(trials: Sequence[Trial], best_id: str, split: str = "test"
                   ) -> tuple[list[Verdicts], list[Verdicts]] | None:
-    """Test verdicts of the runs read for each arm (`test_arms`): the best config's and the base
-    config's; None when the best is the baseline or an arm was not read."""
+    """Verdicts on `split` (test, or transfer, read in the same check) of the runs read for
+    each arm (`test_arms`): the best config's and the base config's; None when the best is the
+    baseline or an arm was not read."""
     kept, base = (
-        [t["test"]["verdicts"] for t in arm if (t.get("test") or {}).get("verdicts")]
+        [t[split]["verdicts"] for t in arm if (t.get(split) or {}).get("verdicts")]
         for arm in test_arms(trials, best_id))
     return (kept, base) if kept and base else None
 

@@ -30,12 +30,11 @@ from autoresearch.study.confirmation import (
     config_runs,
     dev_arms,
     held_out_gain,
-    test_arms,
     test_verdicts,
     warmup_of,
 )
 from autoresearch.study.decision_text import decision_text
-from autoresearch.study.decisions import ErrorBudget, KeepRule, Verdicts, paired_items
+from autoresearch.study.decisions import ErrorBudget, KeepRule, paired_items
 from autoresearch.study.journal import Journal
 from autoresearch.study.space import config_diff
 from autoresearch.study.spec import WARMUP_ID
@@ -154,19 +153,11 @@ def _mean_acc(runs: list) -> str:
             else f"{scores[0]:.3f} (1 run)")
 
 
-def _arms_on(trials: list[dict[str, Any]], best_id: str, split: str
-             ) -> tuple[list[Verdicts], list[Verdicts]] | None:
-    """`split` verdicts of the runs the final check read for each arm (`test_arms`)."""
-    kept, base = ([t[split]["verdicts"] for t in arm if (t.get(split) or {}).get("verdicts")]
-                  for arm in test_arms(trials, best_id))
-    return (kept, base) if kept and base else None
-
-
 def _held_out_row(trials: list[dict[str, Any]], best: dict[str, Any],
                   baseline: dict[str, Any] | None, same: bool, split: str) -> list[str] | None:
     """The Result row of a split read once in the final check (test, transfer), with runs as
     the unit where each arm has several; None where the split was not read."""
-    arms = _arms_on(trials, best["id"], split)
+    arms = test_verdicts(trials, best["id"], split)
     if arms:
         gain, over_runs = held_out_gain(*arms)
         if over_runs is not None:

@@ -332,7 +332,6 @@ class _CacheRows(PositionCache):
     """Some rows of a `PositionCache`, prefilled on their own (`PositionCache.rows`)."""
 
     def __init__(self, parent: PositionCache, index: list[int]):  # noqa: D107 - no new state
-        self.parent = parent
         self.index = torch.tensor(index, device=parent.keys[0].device)
         self.keys, self.values = parent.keys, parent.values
         self.write_positions = None
