@@ -47,7 +47,8 @@ def answers(entry: dict[str, Any]) -> list[tuple[str, dict[str, bool], float]]:
         found.append(("greedy as written", decoding["written_verdicts"],
                       decoding["written_execute_rate"]))
     if decoding.get("mode") == "vote":
-        found.append((f"greedy{snapped}", decoding["greedy_verdicts"],
+        found.append((f"greedy{snapped}" if snapped else "greedy as written",
+                      decoding["greedy_verdicts"],
                       decoding["greedy_execute_rate"]))
         chosen = f"vote of {decoding['candidates']}{snapped}"
     else:
