@@ -80,6 +80,30 @@ def test_the_recipe_runs_with_an_explicit_model_and_device(sql_model_dir, tmp_pa
             assert again[e["split"]]["verdicts"] == e["verdicts"]
             assert again[e["split"]]["execute_rate"] == e["execute_rate"]
     assert "| transfer | base model | 6 |" in base.stdout
+    # Over runs: the run beside a copy of it whose snapped vote got every answer the other way.
+    flipped = tmp_path / "flipped"
+    for record in out.glob("**/record.jsonl"):
+        lines = []
+        for line in record.read_text().splitlines():
+            entry = json.loads(line)
+            if entry.get("type") == "eval" and entry["decoding"].get("snap_names"):
+                entry["verdicts"] = {t: not ok for t, ok in entry["verdicts"].items()}
+            lines.append(json.dumps(entry))
+        copy = flipped / record.relative_to(out)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text("\n".join(lines) + "\n")
+    seeds = subprocess.run([sys.executable, str(REPO / "bench" / "transfer_over_seeds.py"),
+                            str(out), str(flipped)],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert seeds.returncode == 0, seeds.stderr[-3000:]
+    rows = {tuple(cell.strip() for cell in line.split("|")[1:4]): line
+            for line in seeds.stdout.splitlines() if line.startswith("| ")}
+    right = sum(snapped["verdicts"].values())
+    voted_row = rows["transfer", "after SFT + RL", "vote of 2, names snapped"]
+    assert f"| {right / 6:.3f}, {(6 - right) / 6:.3f} |" in voted_row
+    assert "| **0.500** [" in voted_row  # every question right in exactly one of the two runs
+    written = rows["transfer", "after SFT + RL", "greedy as written"]  # the same in both
+    assert "| 0.000 |" in written.split("]")[1]  # no spread between the runs
 
 
 def test_a_run_trained_alone_is_scored_afterwards_on_the_tasks_asked_for(sql_model_dir, tmp_path):
@@ -121,27 +145,3 @@ def test_a_run_trained_alone_is_scored_afterwards_on_the_tasks_asked_for(sql_mod
         for label in ("base model", "after SFT", "after SFT + RL"):
             assert f"| {split} | {label} | {n} |" in full.stdout
         assert f"{split}/final-base: " in full.stdout
-    # Over runs: the run beside a copy of it whose snapped vote got every answer the other way.
-    flipped = tmp_path / "flipped"
-    for record in out.glob("**/record.jsonl"):
-        lines = []
-        for line in record.read_text().splitlines():
-            entry = json.loads(line)
-            if entry.get("type") == "eval" and entry["decoding"].get("snap_names"):
-                entry["verdicts"] = {t: not ok for t, ok in entry["verdicts"].items()}
-            lines.append(json.dumps(entry))
-        copy = flipped / record.relative_to(out)
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        copy.write_text("\n".join(lines) + "\n")
-    seeds = subprocess.run([sys.executable, str(REPO / "bench" / "transfer_over_seeds.py"),
-                            str(out), str(flipped)],
-                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert seeds.returncode == 0, seeds.stderr[-3000:]
-    rows = {tuple(cell.strip() for cell in line.split("|")[1:4]): line
-            for line in seeds.stdout.splitlines() if line.startswith("| ")}
-    right = sum(snapped["verdicts"].values())
-    voted_row = rows["transfer", "after SFT + RL", "vote of 2, names snapped"]
-    assert f"| {right / 6:.3f}, {(6 - right) / 6:.3f} |" in voted_row
-    assert "| **0.500** [" in voted_row  # every question right in exactly one of the two runs
-    written = rows["transfer", "after SFT + RL", "greedy as written"]  # the same in both
-    assert "| 0.000 |" in written.split("]")[1]  # no spread between the runs
