@@ -218,14 +218,19 @@ def rescore(out: Path, server_config: ServerConfig, vote: int = 0,
     return decoding_table(evals, vote, snap, snap_values)
 
 
+def snapped_suffix(names: bool, values: bool) -> str:
+    """What an answer label adds for snapping: ", names and values snapped", or nothing."""
+    what = " and ".join(w for w, on in (("names", names), ("values", values)) if on)
+    return f", {what} snapped" if what else ""
+
+
 def decoding_table(evals: dict[tuple[str, str], dict[str, Any]], vote: int,
                    snap: bool = False, snap_values: bool = False) -> str:
     """Per split and stage: the greedy query as written (with `snap` or `snap_values`), the
     greedy answer, the voted one (with `vote`), then the paired differences between them."""
     lines, diffs = list(HEADER), []
-    what = " and ".join(w for w, on in (("names", snap), ("values", snap_values)) if on)
-    snapped = f", {what} snapped" if what else ""
-    snap = bool(what)
+    snapped = snapped_suffix(snap, snap_values)
+    snap = bool(snapped)
     for split in SPLITS:
         for stage, label in STAGES:
             e = evals.get((split, stage))

@@ -15,13 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from autoresearch.evaluation.stats import runs_and_questions_mean
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_transfer_learning import SPLITS, STAGES, snapped_suffix  # noqa: E402
 
-STAGES = {"base": "base model", "sft": "after SFT", "final": "after SFT + RL"}
+from autoresearch.evaluation.stats import runs_and_questions_mean  # noqa: E402
+
+LABELS = dict(STAGES)
+
+
 def eval_entries(run: Path) -> list[dict[str, Any]]:
     """Every eval entry of a run: its training trial's and each rescoring pass's."""
     entries = []
@@ -29,7 +35,6 @@ def eval_entries(run: Path) -> list[dict[str, Any]]:
         for line in record.read_text().splitlines():
             entry = json.loads(line)
             if entry.get("type") == "eval":
-                entry["pass"] = record.parent.parent.name
                 entries.append(entry)
     return entries
 
@@ -39,9 +44,7 @@ def answers(entry: dict[str, Any]) -> list[tuple[str, dict[str, bool], float]]:
     greedy query as written where names or values were snapped, the greedy answer where a vote
     chose, and the answer the pass chose."""
     decoding = entry.get("decoding") or {}
-    what = " and ".join(w for w, key in (("names", "snap_names"), ("values", "snap_values"))
-                        if decoding.get(key))
-    snapped = f", {what} snapped" if what else ""
+    snapped = snapped_suffix(bool(decoding.get("snap_names")), bool(decoding.get("snap_values")))
     found = []
     if "written_verdicts" in decoding:
         found.append(("greedy as written", decoding["written_verdicts"],
@@ -74,8 +77,8 @@ def main() -> None:
     print("| split | stage | answers | n | each run correct | mean [95% CI, runs and questions] "
           "| run SD | each run executes | mean executes |")
     print("|---|---|---|---|---|---|---|---|---|")
-    order = {s: i for i, s in enumerate(("dev", "test", "transfer"))}
-    stages = {s: i for i, s in enumerate(STAGES)}
+    order = {s: i for i, s in enumerate(SPLITS)}
+    stages = {s: i for i, s in enumerate(LABELS)}
     for (split, stage, kind), runs in sorted(
             table.items(), key=lambda kv: (order.get(kv[0][0], 9), stages.get(kv[0][1], 9))):
         if len(runs) != len(args.runs):
@@ -84,7 +87,7 @@ def main() -> None:
         rates = [rate for _, rate in runs]
         mean = runs_and_questions_mean([v for v, _ in runs])
         sd = statistics.stdev(accuracy) if len(accuracy) > 1 else 0.0
-        print(f"| {split} | {STAGES.get(stage, stage)} | {kind} | {len(runs[0][0])} | "
+        print(f"| {split} | {LABELS.get(stage, stage)} | {kind} | {len(runs[0][0])} | "
               f"{', '.join(f'{a:.3f}' for a in accuracy)} | **{mean.value:.3f}** "
               f"[{mean.low:.3f}, {mean.high:.3f}] | {sd:.3f} | "
               f"{', '.join(f'{r:.3f}' for r in rates)} | {statistics.mean(rates):.3f} |")
