@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from server.distributed.snapshots import StoredAdapter, load_snapshot
 from server.distributed.store import Store, encode_result
 from server.engine.engine import SampleJob, SamplingParams, UserError
+from server.engine.engine_thread import EngineThread
 from server.protocol.codec import SampleResult, encode_sample_response
 from server.protocol.futures import RESULT_TTL_SECONDS
 from server.samplers.openai_http import VLLMUnavailable
@@ -75,16 +76,22 @@ class SamplerWorker:
         self.modules = sorted(servable) if servable is not None else [ALL_MODULES]
         self._adapters: collections.OrderedDict[str, StoredAdapter] = collections.OrderedDict()
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._threads: list[threading.Thread | EngineThread] = []
         self._unavailable_since = 0.0
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> SamplerWorker:
         self.reclaim(include_own=True)
-        for target, name in ((self._loop, "sampler"), (self._heartbeat, "heartbeat")):
-            thread = threading.Thread(target=target, name=name, daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        home = getattr(self.backend, "thread", None)
+        if home is not None:  # a torch engine's loop runs on the thread that loaded its model
+            self._threads.append(home.run_loop(self._loop))
+        else:
+            self._threads.append(threading.Thread(target=self._loop, name="sampler", daemon=True))
+        self._threads.append(threading.Thread(target=self._heartbeat, name="heartbeat",
+                                              daemon=True))
+        for thread in self._threads:
+            if isinstance(thread, threading.Thread):
+                thread.start()
         return self
 
     def stop(self) -> None:

@@ -19,6 +19,7 @@ import torch
 
 from server.engine import decoding, packed_attention, prefix_sharing
 from server.engine.devices import layout_for
+from server.engine.engine_thread import EngineThread
 from server.engine.jobs import (
     AdamParams,
     EngineStats,
@@ -88,6 +89,9 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
         self.activation_dtype = self.dtype if half and self.layout.wholly_half else torch.float32
         """The dtype of hidden states, attention and the KV cache."""
         self.model_origin = loaded.origin or loaded.model_name
+        self.thread: EngineThread | None = None
+        """The thread that loaded the model and will run the loop driving this engine, where
+        `engine_thread.on_own_thread` built it (None: whichever thread calls it)."""
         self.layers = wrap_model(self.model)
         config = self.model.config
         self.vocab_size = int(self.model.get_output_embeddings().out_features)

@@ -18,6 +18,7 @@ import uvicorn
 from server.api.auth import KeyRing, is_loopback
 from server.api.http_protocol import HeaderTimeoutProtocol
 from server.engine.engine import Engine
+from server.engine.engine_thread import on_own_thread
 from server.engine.model_loading import (
     default_cache_dir,
     embedded_cache_path,
@@ -61,11 +62,14 @@ def build_service(config: ServerConfig) -> tuple[TrainingService, KeyRing]:
             f"refusing to listen on {config.host} without API keys: configure --api-keys-file "
             "or AUTORESEARCH_API_KEYS, or bind to 127.0.0.1"
         )
-    loaded = load_base_model(config.model, config.device, config.dtype,
-                             emulate=config.emulate_device)
-    if config.model_name:
-        loaded.model_name = config.model_name
-    engine = Engine(loaded, max_context=config.max_context)
+    def build() -> Engine:
+        loaded = load_base_model(config.model, config.device, config.dtype,
+                                 emulate=config.emulate_device)
+        if config.model_name:
+            loaded.model_name = config.model_name
+        return Engine(loaded, max_context=config.max_context)
+
+    engine = on_own_thread(build)  # the scheduler's loop runs on the thread that loaded it
     tokenizer_id = config.tokenizer_id
     if tokenizer_id is None and is_embedded(config.model):
         # Clients on this machine can load the tokenizer straight from the converted cache.
