@@ -4,12 +4,13 @@ Why: torch's CPU kernels run on OpenMP (libgomp), and every thread that runs a p
 keeps a team of worker threads of its own for the rest of its life. When the teams' threads
 outnumber the cores, libgomp stops spinning between parallel regions (100 spins, not 300,000)
 and puts its workers to sleep on a futex after each one. A server that loaded its model on
-the main thread and then trained on an engine thread had two teams on two cores: its SFT step
-made about 95,000 voluntary context switches (8 when one thread did both) and ran 1.15-1.3x
-slower (`bench/bench_engine_thread.py`). No environment variable lifts the throttle
-(`OMP_WAIT_POLICY=active` leaves it at 1,000 spins), so the engine keeps one team by doing
-everything on one thread: `EngineThread.call` runs the loading there, and the scheduler's (or a
-sampler worker's) loop then takes the same thread over with `run_loop`.
+the main thread and then trained on an engine thread had two teams on two cores: an SFT step
+of the transfer recipe made about 96,000 voluntary context switches (13 when one thread did
+both), and the recipe's steps ran 1.16x slower (`bench/bench_recipe_steps.py`). No environment
+variable lifts the throttle (`OMP_WAIT_POLICY=active` leaves it at 1,000 spins), so the engine
+keeps one team by doing everything on one thread: `EngineThread.call` runs the loading there,
+and the scheduler's (or a sampler worker's) loop then takes the same thread over with
+`run_loop`.
 """
 
 from __future__ import annotations
