@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from server.distributed.snapshots import StoredAdapter, load_snapshot
 from server.distributed.store import Store, encode_result
 from server.engine.engine import SampleJob, SamplingParams, UserError
-from server.engine.engine_thread import EngineThread
+from server.engine.engine_thread import EngineThread, start_loop
 from server.protocol.codec import SampleResult, encode_sample_response
 from server.protocol.futures import RESULT_TTL_SECONDS
 from server.samplers.openai_http import VLLMUnavailable
@@ -82,16 +82,11 @@ class SamplerWorker:
     # ------------------------------------------------------------ lifecycle
     def start(self) -> SamplerWorker:
         self.reclaim(include_own=True)
-        home = getattr(self.backend, "thread", None)
-        if home is not None:  # a torch engine's loop runs on the thread that loaded its model
-            self._threads.append(home.run_loop(self._loop))
-        else:
-            self._threads.append(threading.Thread(target=self._loop, name="sampler", daemon=True))
-        self._threads.append(threading.Thread(target=self._heartbeat, name="heartbeat",
-                                              daemon=True))
-        for thread in self._threads:
-            if isinstance(thread, threading.Thread):
-                thread.start()
+        # A torch engine's loop runs on the thread that loaded its model.
+        self._threads.append(start_loop(self.backend, self._loop, "sampler"))
+        heartbeat = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
+        heartbeat.start()
+        self._threads.append(heartbeat)
         return self
 
     def stop(self) -> None:

@@ -86,6 +86,19 @@ class Driven(Protocol):
 E = TypeVar("E", bound=Driven)
 
 
+def start_loop(
+    driven: object, loop: Callable[[], None], name: str
+) -> threading.Thread | EngineThread:
+    """Run `loop` on the thread `driven` was built on where it has one (one OpenMP team), else on
+    a new daemon thread called `name`; the thread, started."""
+    home: EngineThread | None = getattr(driven, "thread", None)
+    if home is not None:
+        return home.run_loop(loop)
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
 def on_own_thread(build: Callable[[], E], name: str = "engine") -> E:
     """Build an engine (load its model, construct it) on a new `EngineThread`, and give the
     engine that thread (`engine.thread`), for the loop that will drive it."""

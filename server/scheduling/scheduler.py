@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from server.engine.engine import Engine, ForwardBackwardJob, SampleJob, UserError
-from server.engine.engine_thread import EngineThread
+from server.engine.engine_thread import start_loop
 from server.engine.host_memory import release_above_budget, release_freed_memory
 from server.observability.metrics import ServerMetrics
 from server.scheduling.gradient_commit import all_or_nothing
@@ -127,12 +127,7 @@ class Scheduler:
         """When the engine loop last came round (it does at least every `maintenance_seconds`)."""
         self.stall_limit = 120.0
         """Seconds without a tick while work waits after which the engine counts as stuck."""
-        home = getattr(engine, "thread", None)
-        if home is not None:  # the thread that loaded the model: one OpenMP team in all
-            self._thread: threading.Thread | EngineThread = home.run_loop(self._loop)
-        else:
-            self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
-            self._thread.start()
+        self._thread = start_loop(engine, self._loop, "engine")  # where the model was loaded
 
     # ------------------------------------------------------------ submission
     def open_stream(self, run_id: str) -> None:
