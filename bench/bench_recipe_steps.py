@@ -39,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from autoresearch.rl.record import TrialRecord  # noqa: E402
+from autoresearch.rl.record import TrialRecord, step_seconds  # noqa: E402
 
 RECIPE = ["--sample-rows", "2", "--max-schema-chars", "1600", "--group", "8",
           "--reward-weight", "executes=0", "--reward-weight", "schema_linking=0.5"]
@@ -88,14 +88,9 @@ def run_side(side: Side, args: argparse.Namespace, out: Path) -> dict:
         raise SystemExit(f"{side.name}: the training failed; the end of {log}:\n"
                          + log.read_text()[-3000:])
     steps = TrialRecord(out / "transfer-learning").of_type("step")
-
-    def seconds(entry: dict) -> float:
-        value = entry["seconds"]
-        return sum(value.values()) if isinstance(value, dict) else value
-
-    sft = [(seconds(s), s["tokens"]) for s in steps if s.get("phase") == "sft"]
+    sft = [(step_seconds(s), s["tokens"]) for s in steps if s.get("phase") == "sft"]
     return {"sft": [s for s, _ in sft], "sft_tokens": [t for _, t in sft],
-            "rl": [seconds(s) for s in steps if s.get("phase") == "rl"], "wall": wall,
+            "rl": [step_seconds(s) for s in steps if s.get("phase") == "rl"], "wall": wall,
             "switches": usage.ru_nvcsw, "sys": usage.ru_stime, "faults": usage.ru_minflt,
             "peak_rss_mib": usage.ru_maxrss / 1024}
 

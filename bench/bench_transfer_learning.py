@@ -46,7 +46,7 @@ import yaml
 
 from autoresearch.evaluation.stats import Estimate, paired_difference, wilson
 from autoresearch.rl.config import TrialConfig
-from autoresearch.rl.record import CONFIG_FILE, TrialRecord
+from autoresearch.rl.record import CONFIG_FILE, TrialRecord, step_seconds
 from autoresearch.rl.trial import run_trial
 from rewards import RewardPool
 from server.entrypoints.runtime import ServerConfig, ServerThread
@@ -332,12 +332,8 @@ def main() -> None:
     wall = time.time() - started
     text, numbers = table(TrialRecord(out / trial.name))
     steps = list(TrialRecord(out / trial.name).of_type("step"))
-    def seconds(entry: dict[str, Any]) -> float:
-        value = entry["seconds"]
-        return sum(value.values()) if isinstance(value, dict) else value
-
-    sft_s = sum(seconds(e) for e in steps if e.get("phase") == "sft")
-    rl_s = sum(seconds(e) for e in steps if e.get("phase") == "rl")
+    sft_s = sum(step_seconds(e) for e in steps if e.get("phase") == "sft")
+    rl_s = sum(step_seconds(e) for e in steps if e.get("phase") == "rl")
     eval_s = sum(e["seconds"] for e in TrialRecord(out / trial.name).of_type("eval"))
     summary = {"command": "python bench/bench_transfer_learning.py " + " ".join(
                    a for a in sys.argv[1:]),

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from tqdm.auto import tqdm
 
 from autoresearch.rl.config import TrialConfig
+from autoresearch.rl.record import step_seconds
 
 PHASES = {"starting": "starting", "sft": "warm-up (SFT)", "rl": "RL", "eval": "evaluation",
           "done": "done", "stopped": "stopped", "crashed": "crashed"}
@@ -59,8 +60,7 @@ class ProgressTracker:
             start, base = self._since
             per_step = (now - start) / (s["step"] - base) if s["step"] > base else None
             if per_step is None and event.get("seconds") is not None:
-                seconds = event["seconds"]  # the first step: its own duration
-                per_step = sum(seconds.values()) if isinstance(seconds, dict) else seconds
+                per_step = step_seconds(event)  # the first step: its own duration
             if per_step is not None:
                 s["eta_seconds"] = round(per_step * (s["total"] - s["step"]), 1)
         elif kind == "eval_start":

@@ -99,6 +99,13 @@ class TrialRecord:
         return lost
 
 
+def step_seconds(entry: dict[str, Any]) -> float:
+    """A step entry's duration: an SFT step records one number, an RL step its phases'
+    (sampling, scoring, training) by name."""
+    value = entry["seconds"]
+    return float(sum(value.values())) if isinstance(value, dict) else float(value)
+
+
 def _jsonable(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
