@@ -84,18 +84,14 @@ def run_trainer(args: argparse.Namespace) -> None:
     from server.distributed.health import health_app
     from server.distributed.store import Keys, RedisFutureStore, Store, connect
     from server.distributed.trainer import DistributedService, TrainerWorker
-    from server.engine.model_loading import embedded_cache_path, is_embedded
+    from server.entrypoints.runtime import build_engine, tokenizer_id_of
     from server.storage.checkpoints import CheckpointStore
 
     config = config_from_args(args)
     store = Store(connect(args.redis_url), Keys(args.redis_prefix))
-    engine = _torch_engine(config, "engine")
-    tokenizer_id = config.tokenizer_id
-    if tokenizer_id is None and is_embedded(config.model):
-        tokenizer_id = str(embedded_cache_path())
-    service = DistributedService(engine, CheckpointStore(config.data_dir),
+    service = DistributedService(build_engine(config), CheckpointStore(config.data_dir),
                                  RedisFutureStore(store), store, save_every=args.save_every,
-                                 fuse=config.fuse, tokenizer_id=tokenizer_id,
+                                 fuse=config.fuse, tokenizer_id=tokenizer_id_of(config),
                                  limits=config.limits)
     service.scheduler.stall_limit = args.stall_seconds
     worker = TrainerWorker(service, _worker_id("trainer", args), args.heartbeat_ttl)
@@ -110,21 +106,12 @@ def run_trainer(args: argparse.Namespace) -> None:
         worker.stop()
 
 
-def _torch_engine(config: Any, thread_name: str) -> Any:
-    """The configured model's engine, loaded on the thread whose loop will drive it."""
-    from server.engine.engine import Engine
-    from server.engine.engine_thread import on_own_thread
-    from server.engine.model_loading import load_base_model
-
-    return on_own_thread(lambda: Engine(
-        load_base_model(config.model, config.device, config.dtype, emulate=config.emulate_device),
-        max_context=config.max_context), name=thread_name)
-
-
 def _backend(args: argparse.Namespace, config: Any, fallbacks: Any = None) -> tuple[Any, Any]:
     """(backend, device to load adapters on)."""
     if args.backend == "torch":
-        engine = _torch_engine(config, "sampler")
+        from server.entrypoints.runtime import build_engine
+
+        engine = build_engine(config, "sampler")
         return engine, engine.device
     if args.backend == "vllm":
         from server.samplers import make_sampler

@@ -62,6 +62,24 @@ def build_service(config: ServerConfig) -> tuple[TrainingService, KeyRing]:
             f"refusing to listen on {config.host} without API keys: configure --api-keys-file "
             "or AUTORESEARCH_API_KEYS, or bind to 127.0.0.1"
         )
+    store = CheckpointStore(config.data_dir)
+    service = TrainingService(
+        build_engine(config),  # the scheduler's loop runs on the thread that loaded it
+        store,
+        FutureStore(),
+        fuse=config.fuse,
+        tokenizer_id=tokenizer_id_of(config),
+        limits=config.limits,
+    )
+    return service, keys
+
+
+def build_engine(config: ServerConfig, thread_name: str = "engine") -> Engine:
+    """The configured model's engine under the name clients address it by, loaded on the
+    thread whose loop will drive it (`engine.thread`). Every role that holds a torch engine
+    (the single process, a trainer, a torch sampler worker) builds it here, so they agree on
+    the model's name and on the thread."""
+
     def build() -> Engine:
         loaded = load_base_model(config.model, config.device, config.dtype,
                                  emulate=config.emulate_device)
@@ -69,21 +87,15 @@ def build_service(config: ServerConfig) -> tuple[TrainingService, KeyRing]:
             loaded.model_name = config.model_name
         return Engine(loaded, max_context=config.max_context)
 
-    engine = on_own_thread(build)  # the scheduler's loop runs on the thread that loaded it
-    tokenizer_id = config.tokenizer_id
-    if tokenizer_id is None and is_embedded(config.model):
-        # Clients on this machine can load the tokenizer straight from the converted cache.
-        tokenizer_id = str(embedded_cache_path())
-    store = CheckpointStore(config.data_dir)
-    service = TrainingService(
-        engine,
-        store,
-        FutureStore(),
-        fuse=config.fuse,
-        tokenizer_id=tokenizer_id,
-        limits=config.limits,
-    )
-    return service, keys
+    return on_own_thread(build, name=thread_name)
+
+
+def tokenizer_id_of(config: ServerConfig) -> str | None:
+    """The tokenizer the server reports: the configured one, else for the packaged model its
+    converted cache, which clients on this machine load straight from disk."""
+    if config.tokenizer_id is None and is_embedded(config.model):
+        return str(embedded_cache_path())
+    return config.tokenizer_id
 
 
 def build_app(config: ServerConfig):

@@ -86,3 +86,22 @@ def test_a_server_trains_on_the_thread_that_loaded_its_model(
         server.stop()
     engine.thread.join(10)
     assert not engine.thread.is_alive(), "the engine thread outlived its stopped scheduler"
+
+
+@pytest.mark.parametrize("role", ["trainer", "sampler"])
+def test_a_split_role_serves_its_model_under_the_configured_name(
+    role: str, tiny_model_dir: Path
+) -> None:
+    """`--model DIR --model-name org/name` names the model for the split roles too (they once
+    built their engines without the rename, so a trainer refused clients asking for org/name)."""
+    from server.entrypoints.args import config_from_args
+    from server.entrypoints.roles import role_parser
+    from server.entrypoints.runtime import build_engine
+
+    args = role_parser(role).parse_args([
+        "--redis-url", "redis://127.0.0.1:1/0", "--model", str(tiny_model_dir), "--model-name",
+        "tiny-org/tiny-gemma3", "--device", "cpu", "--dtype", "float32"])
+    engine = build_engine(config_from_args(args), thread_name=f"{role}-engine")
+    assert engine.model_name == "tiny-org/tiny-gemma3"
+    assert engine.thread is not None and engine.thread.ident != threading.get_ident()
+    assert any(t.name == f"{role}-engine" for t in threading.enumerate())
