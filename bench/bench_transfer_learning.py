@@ -330,11 +330,13 @@ def main() -> None:
     with ServerThread(server_config) as server, RewardPool() as pool:
         run_trial(trial, out / trial.name, server.url, API_KEY, pool=pool)
     wall = time.time() - started
-    text, numbers = table(TrialRecord(out / trial.name))
-    steps = list(TrialRecord(out / trial.name).of_type("step"))
+    record = TrialRecord(out / trial.name)
+    text, numbers = table(record)
+    entries = record.entries()
+    steps = [e for e in entries if e["type"] == "step"]
     sft_s = sum(step_seconds(e) for e in steps if e.get("phase") == "sft")
     rl_s = sum(step_seconds(e) for e in steps if e.get("phase") == "rl")
-    eval_s = sum(e["seconds"] for e in TrialRecord(out / trial.name).of_type("eval"))
+    eval_s = sum(e["seconds"] for e in entries if e["type"] == "eval")
     summary = {"command": "python bench/bench_transfer_learning.py " + " ".join(
                    a for a in sys.argv[1:]),
                "wall_seconds": round(wall), "sft_seconds": round(sft_s),
