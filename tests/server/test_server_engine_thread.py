@@ -105,3 +105,6 @@ def test_a_split_role_serves_its_model_under_the_configured_name(
     assert engine.model_name == "tiny-org/tiny-gemma3"
     assert engine.thread is not None and engine.thread.ident != threading.get_ident()
     assert any(t.name == f"{role}-engine" for t in threading.enumerate())
+    engine.thread.run_loop(lambda: None)  # a loop that returns ends the thread
+    engine.thread.join(10)
+    assert not engine.thread.is_alive()
