@@ -106,6 +106,11 @@ class EngineStats:
     sample_batches: int = 0
     prefill_seconds: float = 0.0
     """Time spent prefilling prompts for decoding (part of `busy_seconds`)."""
+    sample_seconds: float = 0.0
+    """Time in `sample` calls, prefill included (part of `busy_seconds`)."""
+    train_seconds: float = 0.0
+    """Time in `forward_backward` and `optim_step` calls (part of `busy_seconds`): with
+    `sample_seconds`, what a benchmark splits an engine's work into."""
     last_batch_rows: int = 0
     started: float = field(default_factory=time.monotonic)
 

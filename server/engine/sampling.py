@@ -220,7 +220,9 @@ class Sampling:
             sequences = self._decode([job for _, job in batch])
             for (j, _), seqs in zip(batch, sequences):
                 results[j].sequences.extend(seqs)
-        self.stats.busy_seconds += time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        self.stats.busy_seconds += elapsed
+        self.stats.sample_seconds += elapsed
         self.stats.sample_batches += 1
         return results
 

@@ -135,7 +135,9 @@ class Training:
             outputs = [{"logprobs": per_row_lp[(j, i)]} for i in range(len(job.data))]
             loss = sum(per_row_loss[(j, i)] for i in range(len(job.data)))
             results.append(ForwardBackwardResult(outputs, {"loss:sum": loss}))
-        self.stats.busy_seconds += time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        self.stats.busy_seconds += elapsed
+        self.stats.train_seconds += elapsed
         self.stats.train_batches += 1
         self.stats.last_batch_rows = len(rows)
         self.stats.train_tokens += sum(len(jobs[j].data[i].tokens) for j, i in rows)
@@ -251,7 +253,9 @@ class Training:
                 "it was undone and the weights and optimizer state are unchanged"
             )
         state.steps += 1
-        self.stats.busy_seconds += time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        self.stats.busy_seconds += elapsed
+        self.stats.train_seconds += elapsed
         return {"grad_norm:mean": norm, "learning_rate:mean": params.learning_rate}
 
 
