@@ -4,17 +4,24 @@ Four small RL-like runs (2 prompts x 8 samples x 24 new tokens, then `importance
 training on them and one AdamW step), on the packaged Gemma 3 270M (or `--model DIR`) with the
 engine's default batch invariance on:
 
-1. engine level, training only: the four runs' `forward_backward` in one engine call with their
-   micro-batches fused into shared body passes (`Engine.fuse_invariant_runs`) against the same
-   call with each micro-batch on its own pass (the engine before fusing), on the same data,
-   alternating; every run's loss, logprobs and gradients compared bit for bit;
+1. engine level: four runs' samples in one `sample` call against a call per run (what sharing
+   a decode batch buys here, every row's tokens compared); then training only: the four runs'
+   `forward_backward` in one engine call with their micro-batches fused into shared body
+   passes (`Engine.fuse_invariant_runs`) against the same call with each micro-batch on its
+   own pass (the engine before fusing), on the same data, alternating; every run's loss,
+   logprobs and gradients compared bit for bit;
 2. through the SDK against an in-process server (runs' training fused, which the CPU's default
    leaves off): the four runs' clients concurrent against one run after another, two RL steps
    each, from the same seeds; every run's samples, losses and
    second-step samples (which read the weights after the first step) compared bit for bit;
-3. each phase's GFLOP/s as a fraction of this machine's bf16 matmul roofline, measured here.
+3. each phase's GFLOP/s as a fraction of this machine's bf16 matmul roofline, measured here;
+4. through the SDK, the scheduler's rule for samples that arrive while other runs' steps wait
+   (run those steps' ready actions first, the default, against sampling at once), each way's
+   engine time split into sampling and training (with steps) and its sample batches, and the
+   ratio concurrency could reach at most while training costs what it costs here (the engine
+   runs one call at a time, so the concurrent way lasts at least its training).
 
-    python bench/bench_fused_runs.py              # about 4 minutes on 2 cores
+    python bench/bench_fused_runs.py              # about 7 minutes on 2 cores
     python bench/bench_fused_runs.py --rounds 1
 """
 
@@ -27,6 +34,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -42,8 +50,51 @@ from server.engine.lora import LoraSpec  # noqa: E402
 RUNS, PROMPTS, GROUP, NEW_TOKENS = 4, 2, 8, 24
 
 
+class Split(NamedTuple):
+    """One way's wall seconds, the engine's seconds in sampling and in training, and how many
+    sample batches it decoded."""
+
+    wall: float
+    sampling: float
+    training: float
+    batches: float
+
+
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def engine_sampling(engine: Engine, rounds: int) -> None:
+    """Four runs' samples (each its own adapter) in one `sample` call against four calls: what
+    a shared decode batch buys on this machine, the most concurrent clients can get from
+    sampling together."""
+    encoded = [engine.tokenizer.encode(p) for p in multirun.PROMPTS[:PROMPTS]]
+    runs = [engine.create_run(LoraSpec(rank=8), seed=k) for k in range(RUNS)]
+    per_run = [sample_jobs(run.adapter.frozen_copy(), encoded, GROUP, NEW_TOKENS, 0)
+               for run in runs]
+    engine.sample(per_run[0])  # warm-up
+    seconds: dict[str, list[float]] = {"one call": [], "a call per run": []}
+    tokens: dict[str, list] = {}
+    for _ in range(rounds):
+        started = time.perf_counter()
+        together = engine.sample([job for jobs in per_run for job in jobs])
+        seconds["one call"].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        apart = [result for jobs in per_run for result in engine.sample(jobs)]
+        seconds["a call per run"].append(time.perf_counter() - started)
+        tokens = {"one call": together, "a call per run": apart}
+    same = ([[s.tokens for s in r.sequences] for r in tokens["one call"]]
+            == [[s.tokens for s in r.sequences] for r in tokens["a call per run"]])
+    rows = RUNS * PROMPTS * GROUP
+    print(f"\n1a. engine: {RUNS} runs' samples ({rows} rows x {NEW_TOKENS} tokens, each run its "
+          f"own adapter), {rounds} round(s) a way, alternating")
+    print("| way | seconds |")
+    print("|---|---|")
+    for way, values in seconds.items():
+        print(f"| {way} | {statistics.median(values):.2f} |")
+    ratio = statistics.median(seconds["a call per run"]) / statistics.median(seconds["one call"])
+    print(f"one call / a call per run: {ratio:.2f}x; every row's tokens "
+          f"{'identical' if same else 'DIFFERENT'}", flush=True)
 
 
 def engine_training(engine: Engine, rounds: int) -> None:
@@ -91,7 +142,7 @@ def engine_training(engine: Engine, rounds: int) -> None:
                 for a, b in zip(out_a, out_b) for x, y in zip(a.outputs, b.outputs))
     same &= all(torch.equal(x, y) for ga, gb in zip(grads_a, grads_b) for x, y in zip(ga, gb))
     peak = roofline(shapes, TRAIN_WIDTH, engine.dtype, engine.device, True)
-    print(f"\n1. engine: {RUNS} runs' forward_backward in one call, {tokens} tokens, "
+    print(f"\n1b. engine: {RUNS} runs' forward_backward in one call, {tokens} tokens, "
           f"{fused_passes:.0f} fused pass(es) a call, {rounds} round(s) a way, alternating; "
           f"roofline {peak / 1e9:.0f} GFLOP/s")
     print("| way | seconds | tokens/s | of roofline |")
@@ -150,35 +201,57 @@ def sdk_rl(args: argparse.Namespace) -> None:
             return seen, generated
 
         rl_run(bench.new_runs(1, seed=99)[0])  # warm-up
-        timings: dict[str, list[float]] = {"concurrent": [], "one after another": []}
+        scheduler = bench.service.scheduler
+        ways = {"concurrent": True, "concurrent, sampling first (earlier rule)": False,
+                "one after another": True}
+        timings: dict[str, list[Split]] = {way: [] for way in ways}
         seen: dict[str, list] = {}
         total = 0
+        stats = bench.engine.stats
         for _ in range(args.rounds):
-            clients = bench.new_runs(RUNS, seed=10)
-            started = time.perf_counter()
-            with ThreadPoolExecutor(RUNS) as pool:
-                outcome = list(pool.map(rl_run, clients))
-            timings["concurrent"].append(time.perf_counter() - started)
-            seen["concurrent"] = [o[0] for o in outcome]
-            total = sum(o[1] for o in outcome)
-            clients = bench.new_runs(RUNS, seed=10)
-            started = time.perf_counter()
-            outcome = [rl_run(c) for c in clients]
-            timings["one after another"].append(time.perf_counter() - started)
-            seen["one after another"] = [o[0] for o in outcome]
-        fused = bench.engine.stats.fused_passes
-    same = seen["concurrent"] == seen["one after another"]
+            for way, gather in ways.items():
+                scheduler.actions_while_samples_gather = gather
+                clients = bench.new_runs(RUNS, seed=10)
+                before = (stats.sample_seconds, stats.train_seconds, stats.sample_batches)
+                started = time.perf_counter()
+                if way.startswith("concurrent"):
+                    with ThreadPoolExecutor(RUNS) as pool:
+                        outcome = list(pool.map(rl_run, clients))
+                else:
+                    outcome = [rl_run(c) for c in clients]
+                timings[way].append(Split(time.perf_counter() - started,
+                                          stats.sample_seconds - before[0],
+                                          stats.train_seconds - before[1],
+                                          stats.sample_batches - before[2]))
+                seen[way] = [o[0] for o in outcome]
+                total = sum(o[1] for o in outcome)
+        scheduler.actions_while_samples_gather = True
+        fused = stats.fused_passes
+    same = all(runs == seen["one after another"] for runs in seen.values())
     print(f"\n2. SDK: {RUNS} runs x 2 RL steps ({PROMPTS} prompts x {GROUP} samples x "
           f"{NEW_TOKENS} tokens, then training and a step), {args.rounds} round(s) a way; "
           f"{total} tokens generated a way; {fused} fused training passes in all")
-    print("| way | seconds |")
-    print("|---|---|")
-    for way, rows in timings.items():
-        print(f"| {way} | {statistics.median(rows):.1f} |")
-    ratio = statistics.median(timings["one after another"]) / statistics.median(
-        timings["concurrent"])
-    print(f"concurrent / one after another: {ratio:.2f}x; every run's samples and losses of "
-          f"both steps {'identical' if same else 'DIFFERENT'}", flush=True)
+    print("| way | seconds | sample batches | engine sampling (s) | engine training and steps "
+          "(s) | rest (s) |")
+    print("|---|---|---|---|---|---|")
+    median = {way: Split(*(statistics.median(getattr(s, f) for s in rows)
+                          for f in Split._fields)) for way, rows in timings.items()}
+    for way, m in median.items():
+        print(f"| {way} | {m.wall:.1f} | {m.batches:g} | {m.sampling:.1f} | {m.training:.1f} | "
+              f"{m.wall - m.sampling - m.training:.1f} |")
+    alone = median["one after another"]
+    for way in list(ways)[:2]:
+        together = median[way]
+        print(f"{way} / one after another: {alone.wall / together.wall:.2f}x (sampling "
+              f"{alone.sampling / together.sampling:.2f}x, training "
+              f"{alone.training / together.training:.2f}x)")
+    print(f"every run's samples and losses of both steps "
+          f"{'identical in every way' if same else 'DIFFERENT'}")
+    # The engine runs one call at a time, so the concurrent way takes at least its training:
+    # with sampling and everything else hidden completely, the ratio would be this.
+    print(f"ceiling with training as it runs here (one after another's wall over the "
+          f"concurrent way's training): {alone.wall / median['concurrent'].training:.2f}x",
+          flush=True)
 
 
 def main() -> None:
@@ -192,6 +265,7 @@ def main() -> None:
     engine = Engine(load_base_model(args.model, "cpu", None))
     print(f"model {engine.model_name} ({engine.dtype}); invariant {engine.batch_invariant}; "
           f"threads {torch.get_num_threads()}; cpus {os.cpu_count()}; load average {load()}")
+    engine_sampling(engine, args.rounds)
     engine_training(engine, args.rounds)
     del engine
     sdk_rl(args)

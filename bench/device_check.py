@@ -357,9 +357,10 @@ def step_speed(engine: Engine, roofline_tflops: float) -> dict:
 
 
 def fused_runs(engine: Engine) -> dict:
-    """Four small runs' training (2 prompts x 8 samples x 24 tokens each) with the invariant
-    path forced: their micro-batches in shared body passes against one pass each, same data;
-    where a small run leaves the device idle, this is what fusing runs buys."""
+    """Four small runs (2 prompts x 8 samples x 24 tokens each) with the invariant path forced:
+    their samples in one `sample` call against a call per run, then their training's
+    micro-batches in shared body passes against one pass each, same data; where a small run
+    leaves the device idle, this is what fusing runs buys."""
     rng = np.random.default_rng(1)
     data = [[d for _ in range(2) for d in rl_group(rng, engine.vocab_size, 100, [24] * 8)]
             for _ in range(4)]
@@ -367,6 +368,25 @@ def fused_runs(engine: Engine) -> dict:
     default, was_fused, out, grads = engine.batch_invariant, engine.fuse_invariant_runs, {}, {}
     engine.batch_invariant = True
     try:
+        prompts = [rng.integers(5, engine.vocab_size, 40).tolist() for _ in range(2)]
+        per_run = [[SampleJob(state.adapter, prompt, 8,
+                              SamplingParams(max_tokens=24, seed=k, temperature=1.0, stop=[]))
+                    for k, prompt in enumerate(prompts)] for state in states]
+        tokens = {}
+        for together in (True, False, True, False):
+            sync(engine.device)
+            started = time.perf_counter()
+            if together:
+                results = engine.sample([job for jobs in per_run for job in jobs])
+            else:
+                results = [r for jobs in per_run for r in engine.sample(jobs)]
+            sync(engine.device)
+            label = "samples in one call" if together else "samples in a call per run"
+            out[f"{label} seconds"] = round(time.perf_counter() - started, 3)
+            tokens[together] = [[s.tokens for s in r.sequences] for r in results]
+        out["sampling speed-up"] = round(out["samples in a call per run seconds"]
+                                         / out["samples in one call seconds"], 2)
+        out["samples identical"] = tokens[True] == tokens[False]
         for fuse in (True, False, True, False):
             engine.fuse_invariant_runs = fuse
             for state in states:
@@ -381,8 +401,8 @@ def fused_runs(engine: Engine) -> dict:
             grads[fuse] = [t.grad.clone() for s in states for t in s.adapter.parameters()]
     finally:
         engine.batch_invariant, engine.fuse_invariant_runs = default, was_fused
-    out["speed-up"] = round(out["one pass per micro-batch seconds"] / out["fused passes seconds"],
-                            2)
+    out["training speed-up"] = round(out["one pass per micro-batch seconds"]
+                                     / out["fused passes seconds"], 2)
     out["gradients bitwise equal"] = all(torch.equal(a, b)
                                          for a, b in zip(grads[True], grads[False]))
     return out

@@ -118,6 +118,12 @@ class Scheduler:
         process, the SDK beside the server); a shorter quiet started the batch on the first few
         and decoded the rest in a second batch, each at part width and without the schema
         prefix they share."""
+        self.actions_while_samples_gather = True
+        """While sample requests are still arriving (the window above), ready actions of runs'
+        streams (optimizer steps, weight saves) run first: they are often what lets another
+        run send its samples in time to share the batch. Off: sampling starts at once whenever
+        stream work is waiting (the earlier rule, kept as the reference
+        `bench/bench_fused_runs.py` compares with)."""
         self.train_quiet_seconds = 0.005
         self.train_gather_seconds = 0.02
         """Batching window for an idle engine's first training work: 5 ms of quiet, 20 ms at
@@ -245,8 +251,17 @@ class Scheduler:
             return "control", [work]
         heads = self._ready_heads()
         want_sampling = bool(self._samples) and (not heads or not self._last_was_sampling)
-        if want_sampling and not heads and self._gathering():
-            return None
+        if want_sampling and (not heads or self.actions_while_samples_gather) \
+                and self._gathering():
+            # Sample requests are still arriving. A ready action (an optimizer step, a weight
+            # save: milliseconds) runs meanwhile: it is often what lets another run send its
+            # own samples, which then join this batch instead of decoding in one of their own.
+            action = next((h for h in heads if h.job is None), None)
+            if action is not None:
+                self._advance(action)
+                return "action", [action]
+            if not heads:
+                return None
         if want_sampling:
             return "sample", self._fair_samples()
         if not heads:

@@ -13,29 +13,8 @@ from types import SimpleNamespace
 
 from server.engine.engine import ForwardBackwardJob, SampleJob, SamplingParams
 from server.engine.lora import AdapterWeights, LoraSpec
-from server.protocol.codec import SampledSequence, SampleResult
 from server.scheduling.scheduler import Scheduler, Work
-
-
-class RecordingEngine:
-    """Stands in for the engine: records each batch's owners and token counts."""
-
-    def __init__(self) -> None:
-        self.batches: list[list[tuple[str, int]]] = []
-        self.gate = threading.Event()
-        self.entered = threading.Event()
-
-    def forward_backward(self, jobs):
-        self.entered.set()
-        self.gate.wait(30)
-        self.batches.append([(job.owner, job.tokens) for job in jobs])
-        return [SimpleNamespace(outputs=[], metrics={}) for _ in jobs]
-
-    def sample(self, jobs):
-        self.entered.set()
-        self.gate.wait(30)
-        self.batches.append([(job.owner, job.num_samples) for job in jobs])
-        return [SampleResult([SampledSequence([], [], False)]) for _ in jobs]
+from tests.server.recording_engine import RecordingEngine
 
 
 def _job(owner: str, tokens: int) -> ForwardBackwardJob:
