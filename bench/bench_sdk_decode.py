@@ -10,7 +10,8 @@ tokens per second and how many engine batches each round took (a round split in 
 its stragglers at a fraction of the width). Then the baseline, in the same run: the same 48
 prompts in one batch through plain `transformers` `generate` (the model loaded as a user would,
 in fp32 and in bf16), greedy and sampling at temperature 1, 64 new tokens each; and the SDK's
-rates as multiples of it.
+rates as multiples of it. Last, one greedy engine call on the same prompts under
+`torch.profiler`: how much of it is matrix products, against the time the 3x target allows.
 
     python bench/bench_sdk_decode.py [--prompts 48] [--rounds 2]
 """
@@ -29,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_multirun import bench_server, loadavg, quiet  # noqa: E402
 
+NEW_TOKENS = 64
 EARLIER_WINDOW = (0.01, 0.05)
 """(quiet, at most) seconds of the sampling window the scheduler had before its default."""
 
@@ -74,7 +76,9 @@ def main() -> None:
                     print(f"  window {name} T={temperature:g}: {rate:.0f} tokens/s in "
                           f"{batches:.0f} batch(es)", flush=True)
         scheduler.sample_quiet_seconds, scheduler.sample_gather_seconds = windows["now"]
-    token_lists = [p.to_ints() for p in prompts]
+        token_lists = [p.to_ints() for p in prompts]
+        call_seconds, product_seconds = on_engine_thread(
+            scheduler, lambda: products_of_a_call(bench.engine, token_lists))
     baseline = {(dtype, t): plain_generate(args.model, token_lists, dtype, t)
                 for dtype in (torch.float32, torch.bfloat16) for t in (0.0, 1.0)}
     print(f"\n{args.prompts} requests x 64 new tokens, median of {args.rounds} rounds; "
@@ -98,6 +102,54 @@ def main() -> None:
         greedy, sampled = baseline[(dtype, 0.0)], baseline[(dtype, 1.0)]
         print(f"| {str(dtype).removeprefix('torch.')} | {greedy:.0f} | {sampled:.0f} | "
               f"{sdk[0.0] / greedy:.2f}x | {sdk[1.0] / sampled:.2f}x |")
+    needed = len(token_lists) * NEW_TOKENS / (3 * baseline[(torch.float32, 0.0)])
+    print(f"\nOne greedy engine call on the same prompts under `torch.profiler`: "
+          f"{call_seconds:.1f} s, of which matrix products (mm, bmm, addmm, baddbmm; the "
+          f"output head's included) {product_seconds:.1f} s ({product_seconds / call_seconds:.0%})."
+          f"\n3x fp32 `generate`'s greedy rate needs the whole call within {needed:.1f} s: "
+          f"the products alone are {product_seconds / needed:.2f}x that.")
+
+
+PRODUCTS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")
+
+
+def on_engine_thread(scheduler, fn):
+    """`fn()` run by the scheduler as a control action, on the engine's own thread (another
+    thread would start a second OpenMP team and time it slower, `engine_thread`)."""
+    from concurrent.futures import Future
+
+    from server.scheduling.scheduler import Work
+
+    done: Future = Future()
+
+    def finish(result, error) -> None:
+        if error is None:
+            done.set_result(result)
+        else:
+            done.set_exception(error)
+
+    scheduler.submit_control(Work(None, "profile", finish, action=fn))
+    return done.result()
+
+
+def products_of_a_call(engine, prompts: list[list[int]]) -> tuple[float, float]:
+    """Seconds of one greedy `sample` call over `prompts` (64 new tokens each, in process) and
+    the self time of its matrix products, from `torch.profiler`: what no scheduling or Python
+    saves, only faster kernels or other numbers."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from server.engine.engine import SampleJob, SamplingParams
+
+    jobs = [SampleJob(None, prompt, 1, SamplingParams(max_tokens=NEW_TOKENS, seed=i,
+                                                      temperature=0.0, stop=[]))
+            for i, prompt in enumerate(prompts)]
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        started = time.perf_counter()
+        engine.sample(jobs)
+        seconds = time.perf_counter() - started
+    products = sum(event.self_cpu_time_total for event in profiler.key_averages()
+                   if event.key in PRODUCTS) / 1e6
+    return seconds, products
 
 
 def plain_generate(model: str | None, prompts: list[list[int]], dtype: torch.dtype,
