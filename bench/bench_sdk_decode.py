@@ -5,7 +5,7 @@ batching window against the narrower one it had before, in one run on one in-pro
 prompt its own `sample` request, all submitted at once from one `SamplingClient` (as a study's
 evaluation or an RL group does), then every result awaited. Rounds alternate greedy (temperature
 0) and sampling (temperature 1) under the scheduler's batching window (`sample_quiet_seconds`,
-`sample_gather_seconds`) and under the earlier one (10 ms of quiet, 50 ms at most). Prints
+`sample_gather_seconds`) and under the earlier one (50 ms of quiet, 300 ms at most). Prints
 tokens per second and how many engine batches each round took (a round split in two decodes
 its stragglers at a fraction of the width). Then the baseline, in the same run: the same 48
 prompts in one batch through plain `transformers` `generate` (the model loaded as a user would,
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_multirun import bench_server, loadavg, quiet  # noqa: E402
 
 NEW_TOKENS = 64
-EARLIER_WINDOW = (0.01, 0.05)
+EARLIER_WINDOW = (0.05, 0.3)
 """(quiet, at most) seconds of the sampling window the scheduler had before its default."""
 
 

@@ -111,13 +111,14 @@ class Scheduler:
         self._samples: collections.deque[Work] = collections.deque()
         self._last_was_sampling = False
         self._stopping = False
-        self.sample_quiet_seconds = 0.05
+        self.sample_quiet_seconds = 0.1
         self.sample_gather_seconds = 0.3
-        """Batching window for sampling: wait for 50 ms of quiet, 300 ms at most. An evaluation's
-        48 requests from one client arrived with gaps of up to 34 ms between them (measured in
-        process, the SDK beside the server); a shorter quiet started the batch on the first few
-        and decoded the rest in a second batch, each at part width and without the schema
-        prefix they share."""
+        """Batching window for sampling: wait for 100 ms of quiet, 300 ms at most. One client's
+        burst of 48 requests mostly arrives within 15 ms, but a pause in the client's process
+        now and then opens a gap of 50-100 ms (measured with the SDK in the server's process):
+        a 50 ms quiet cut 6 rounds of 40 in two, 100 ms 2 (`bench/bench_arrival_gaps.py`), and
+        a cut round decodes its stragglers in a second batch at part width and without the
+        prefix they share. A lone request waits the quiet before it starts."""
         self.actions_while_samples_gather = True
         """While sample requests are still arriving (the window above), ready actions of runs'
         streams (optimizer steps, weight saves) run first: they are often what lets another

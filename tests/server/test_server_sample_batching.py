@@ -20,7 +20,7 @@ def test_ready_saves_run_while_samples_gather_so_every_runs_samples_share_a_batc
     engine = RecordingEngine()
     engine.gate.set()
     scheduler = Scheduler(engine)
-    scheduler.sample_quiet_seconds, scheduler.sample_gather_seconds = 0.5, 5.0
+    scheduler.sample_quiet_seconds, scheduler.sample_gather_seconds = 1.0, 10.0
     done = threading.Semaphore(0)
     held, release = threading.Event(), threading.Event()
 
