@@ -52,6 +52,10 @@ class SamplingBackend(Protocol):
     def sample(self, jobs: list[SampleJob]) -> list[SampleResult]: ...
 
 
+MIN_BLOCK_SECONDS = 0.002
+"""The shortest blocking wait asked of Redis (its timeouts count whole milliseconds)."""
+
+
 def served_modules(raw: bytes | str | None) -> frozenset[str]:
     """The modules a sampler worker advertised (`ALL_MODULES` if it named none)."""
     if not raw:
@@ -62,7 +66,8 @@ def served_modules(raw: bytes | str | None) -> frozenset[str]:
 class SamplerWorker:
     def __init__(self, store: Store, backend: SamplingBackend, device: Any = "cpu",
                  worker_id: str | None = None, heartbeat_ttl: float = 10.0,
-                 max_rows: int = 64, cached_adapters: int = 16):
+                 max_rows: int = 64, cached_adapters: int = 16, quiet_seconds: float = 0.1,
+                 gather_seconds: float = 0.3):
         self.store = store
         self.keys = store.keys
         self.backend = backend
@@ -71,6 +76,12 @@ class SamplerWorker:
         self.heartbeat_ttl = heartbeat_ttl
         self.max_rows = max_rows
         self.cached_adapters = cached_adapters
+        self.quiet_seconds, self.gather_seconds = quiet_seconds, gather_seconds
+        """A burst that finds this worker idle is gathered until `quiet_seconds` pass without
+        a new job, `gather_seconds` at most: one client's requests reach the queue over some
+        milliseconds, and taking only the first would decode the rest in a second batch at
+        part width (the single-process scheduler's window, measured in
+        `bench/bench_arrival_gaps.py`). Jobs that queued while it was busy go at once."""
         self.processing = self.keys.samples_processing(self.worker_id)
         servable = getattr(backend, "servable_modules", None)
         self.modules = sorted(servable) if servable is not None else [ALL_MODULES]
@@ -153,18 +164,25 @@ class SamplerWorker:
     # ---------------------------------------------------------------- work
     def _take(self, block_seconds: float) -> list[str]:
         redis = self.store.redis
-        if block_seconds > 0:
+        first = redis.lmove(self.keys.samples, self.processing, "RIGHT", "LEFT")
+        fresh = first is None  # nothing queued: what comes next begins a burst
+        if fresh and block_seconds > 0:
             first = redis.blmove(self.keys.samples, self.processing, block_seconds, "RIGHT", "LEFT")
-        else:
-            first = redis.lmove(self.keys.samples, self.processing, "RIGHT", "LEFT")
         if first is None:
             return []
         taken = [first.decode()]
+        opened = last = time.monotonic()
         while len(taken) < self.max_rows:
             more = redis.lmove(self.keys.samples, self.processing, "RIGHT", "LEFT")
+            if more is None and fresh:
+                wait = min(last + self.quiet_seconds, opened + self.gather_seconds)
+                wait -= time.monotonic()
+                if wait >= MIN_BLOCK_SECONDS:  # Redis reads a timeout that rounds to 0 as "forever"
+                    more = redis.blmove(self.keys.samples, self.processing, wait, "RIGHT", "LEFT")
             if more is None:
                 break
             taken.append(more.decode())
+            last = time.monotonic()
         return taken
 
     def _adapter(self, path: str | None) -> StoredAdapter | None:
