@@ -14,9 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.server.server_helpers import API_KEY, build_tiny_model, start_server
+from tests.server.server_helpers import API_KEY, build_tiny_model, start_redis, start_server
 
 os.environ["TINKER_TELEMETRY"] = "0"
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A throwaway `redis-server` for one test module (its keys never meet another module's)."""
+    process, url = start_redis(tmp_path_factory.mktemp("redis"))
+    yield url
+    process.terminate()
+    process.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")

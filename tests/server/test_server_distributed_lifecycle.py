@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,20 +25,11 @@ from server.engine.model_loading import load_base_model
 from server.samplers.openai_http import VLLMUnavailable
 from server.service.records import Sampler
 from server.storage.checkpoints import CheckpointStore
-from tests.server.server_helpers import start_redis
 
 pytestmark = pytest.mark.skipif(
     shutil.which("redis-server") is None,
     reason="redis-server is not installed (apt-get install -y redis-server)",
 )
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory) -> Iterator[str]:
-    process, url = start_redis(tmp_path_factory.mktemp("redis"))
-    yield url
-    process.terminate()
-    process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")

@@ -11,22 +11,10 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from server.distributed.sampler import SamplerWorker
 from server.distributed.store import Keys, Store, connect
 from server.protocol.codec import SampledSequence, SampleResult
-from tests.server.server_helpers import start_redis
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory) -> Iterator[str]:
-    process, url = start_redis(tmp_path_factory.mktemp("redis"))
-    yield url
-    process.terminate()
-    process.wait(timeout=30)
 
 
 class RecordingBackend:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -24,7 +23,6 @@ from server.distributed.placement import (
     shard_of,
 )
 from server.distributed.store import Keys
-from tests.server.server_helpers import start_redis
 
 pytestmark = pytest.mark.skipif(
     shutil.which("redis-server") is None,
@@ -72,11 +70,8 @@ def test_ids_the_server_issues_name_their_session() -> None:
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory) -> Iterator[redis.Redis]:
-    process, url = start_redis(tmp_path_factory.mktemp("placement"))
-    yield redis.Redis.from_url(url)
-    process.terminate()
-    process.wait(timeout=30)
+def client(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url)
 
 
 def _enqueue(client: redis.Redis, keys: Keys, op_id: str, session: str, live: list[str],
