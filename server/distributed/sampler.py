@@ -27,6 +27,7 @@ from server.engine.engine_thread import EngineThread, start_loop
 from server.protocol.codec import SampleResult, encode_sample_response
 from server.protocol.futures import RESULT_TTL_SECONDS
 from server.samplers.openai_http import VLLMUnavailable
+from server.scheduling.scheduler import SAMPLE_GATHER_SECONDS, SAMPLE_QUIET_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,9 @@ def served_modules(raw: bytes | str | None) -> frozenset[str]:
 class SamplerWorker:
     def __init__(self, store: Store, backend: SamplingBackend, device: Any = "cpu",
                  worker_id: str | None = None, heartbeat_ttl: float = 10.0,
-                 max_rows: int = 64, cached_adapters: int = 16, quiet_seconds: float = 0.1,
-                 gather_seconds: float = 0.3):
+                 max_rows: int = 64, cached_adapters: int = 16,
+                 quiet_seconds: float = SAMPLE_QUIET_SECONDS,
+                 gather_seconds: float = SAMPLE_GATHER_SECONDS):
         self.store = store
         self.keys = store.keys
         self.backend = backend
@@ -78,10 +80,9 @@ class SamplerWorker:
         self.cached_adapters = cached_adapters
         self.quiet_seconds, self.gather_seconds = quiet_seconds, gather_seconds
         """A burst that finds this worker idle is gathered until `quiet_seconds` pass without
-        a new job, `gather_seconds` at most: one client's requests reach the queue over some
-        milliseconds, and taking only the first would decode the rest in a second batch at
-        part width (the single-process scheduler's window, measured in
-        `bench/bench_arrival_gaps.py`). Jobs that queued while it was busy go at once."""
+        a new job, `gather_seconds` at most (the scheduler's window): one client's requests
+        reach the queue over some milliseconds, and taking only the first would decode the
+        rest in a second batch at part width. Jobs that queued while it was busy go at once."""
         self.processing = self.keys.samples_processing(self.worker_id)
         servable = getattr(backend, "servable_modules", None)
         self.modules = sorted(servable) if servable is not None else [ALL_MODULES]

@@ -72,6 +72,15 @@ MAX_SEQ_AHEAD = 4096
 """How far past a run's next `seq_id` a request may arrive. The SDK pipelines a handful of
 requests; one thousands ahead would be held (with its data) until the gap fills, which may be
 never."""
+SAMPLE_QUIET_SECONDS = 0.1
+SAMPLE_GATHER_SECONDS = 0.3
+"""The batching window for sampling, the scheduler's and the split sampler worker's: wait for
+100 ms of quiet, 300 ms at most. One client's burst of 48 requests mostly arrives within 15 ms,
+but a pause in the client's process now and then opens a gap of 50-100 ms (measured with the
+SDK in the server's process): a 50 ms quiet cut 6 rounds of 40 in two, 100 ms 2
+(`bench/bench_arrival_gaps.py`), and a cut round decodes its stragglers in a second batch at
+part width and without the prefix they share. A lone request waits the quiet before it
+starts."""
 
 
 class TooFarAhead(UserError):
@@ -111,14 +120,8 @@ class Scheduler:
         self._samples: collections.deque[Work] = collections.deque()
         self._last_was_sampling = False
         self._stopping = False
-        self.sample_quiet_seconds = 0.1
-        self.sample_gather_seconds = 0.3
-        """Batching window for sampling: wait for 100 ms of quiet, 300 ms at most. One client's
-        burst of 48 requests mostly arrives within 15 ms, but a pause in the client's process
-        now and then opens a gap of 50-100 ms (measured with the SDK in the server's process):
-        a 50 ms quiet cut 6 rounds of 40 in two, 100 ms 2 (`bench/bench_arrival_gaps.py`), and
-        a cut round decodes its stragglers in a second batch at part width and without the
-        prefix they share. A lone request waits the quiet before it starts."""
+        self.sample_quiet_seconds = SAMPLE_QUIET_SECONDS
+        self.sample_gather_seconds = SAMPLE_GATHER_SECONDS
         self.actions_while_samples_gather = True
         """While sample requests are still arriving (the window above), ready actions of runs'
         streams (optimizer steps, weight saves) run first: they are often what lets another
