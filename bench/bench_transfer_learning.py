@@ -65,7 +65,7 @@ def trial_config(args: argparse.Namespace) -> TrialConfig:
     if args.train_only:  # evaluation off: the training timed alone
         evaluation.update(dev_tasks=0, test_tasks=0, transfer_tasks=0, baseline=False,
                           start=False)
-    return TrialConfig.model_validate({
+    config = TrialConfig.model_validate({
         "name": "transfer-learning",
         "base_model": args.base_model,
         "lora_rank": args.rank,
@@ -83,6 +83,15 @@ def trial_config(args: argparse.Namespace) -> TrialConfig:
         "reward": {"weights": dict(args.reward_weight)},
         "checkpoint_every": 5,
     })
+    return config.with_changes({f"rl.{k}": v for k, v in args.rl_set}) if args.rl_set else config
+
+
+def _setting(text: str) -> tuple[str, object]:
+    """`NAME=VALUE` with the value read as YAML (true, 12, signal)."""
+    import yaml
+
+    name, _, value = text.partition("=")
+    return name, yaml.safe_load(value)
 
 
 def _weight(text: str) -> tuple[str, float]:
@@ -286,6 +295,9 @@ def main() -> None:
     parser.add_argument("--reward-weight", type=_weight, action="append", default=[],
                         metavar="NAME=VALUE", help="a reward component's weight in RL, e.g. "
                         "schema_linking=0.3 (repeatable; the others keep their defaults)")
+    parser.add_argument("--rl-set", type=_setting, action="append", default=[],
+                        metavar="NAME=VALUE", help="an RL setting, e.g. dynamic_sampling=true, "
+                        "prompt_selection=signal, loss_aggregation=token_mean (repeatable)")
     parser.add_argument("--dev-tasks", type=int, default=48)
     parser.add_argument("--test-tasks", type=int, default=48)
     parser.add_argument("--transfer-tasks", type=int, default=150)

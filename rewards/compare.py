@@ -217,3 +217,53 @@ def column_overlap(
                 matched += 1
                 break
     return matched / max(len(pred_cols), len(gold_cols))
+
+
+def _column_f1(pred: Counter, gold: Counter) -> float:
+    common = sum((pred & gold).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / sum(pred.values()), common / sum(gold.values())
+    return 2 * precision * recall / (precision + recall)
+
+
+def result_overlap(
+    pred_rows: Sequence[Sequence[Any]], gold_rows: Sequence[Sequence[Any]]
+) -> float:
+    """Partial credit for a wrong result that is close to the gold's, which a broad query
+    cannot earn.
+
+    Each gold column is paired with the predicted column whose values overlap it most (F1 of
+    the two value multisets, greedily, one to one). Credit is the F1 of the columns (paired
+    ones over predicted and over gold columns: extra columns cost precision) times the F1 of
+    the rows projected onto the paired columns (extra rows cost precision, missing rows
+    recall). `SELECT *` pays for every column the gold did not ask for, a query returning every
+    row pays for every row the gold filtered out, and an answer with no value in common with
+    the gold's earns nothing. In [0, 1]; 1 only for the same rows and columns."""
+    pred, gold = canonical_rows(pred_rows), canonical_rows(gold_rows)
+    if not pred or not gold:
+        return 0.0
+    pred_cols = [_bag([(v,) for v in col]) for col in zip(*pred, strict=False)]
+    gold_cols = [_bag([(v,) for v in col]) for col in zip(*gold, strict=False)]
+    scored = sorted(
+        ((_column_f1(p, g), i, j)
+         for i, g in enumerate(gold_cols) for j, p in enumerate(pred_cols)),
+        key=lambda item: (-item[0], item[1], item[2]),
+    )
+    pairs: dict[int, int] = {}
+    used: set[int] = set()
+    for similarity, i, j in scored:
+        if similarity <= 0:
+            break
+        if i in pairs or j in used:
+            continue
+        pairs[i] = j
+        used.add(j)
+    if not pairs:
+        return 0.0
+    order = sorted(pairs)
+    col_precision, col_recall = len(pairs) / len(pred_cols), len(pairs) / len(gold_cols)
+    col_f1 = 2 * col_precision * col_recall / (col_precision + col_recall)
+    pred_bag = _bag([tuple(row[pairs[i]] for i in order) for row in pred])
+    gold_bag = _bag([tuple(row[i] for i in order) for row in gold])
+    return col_f1 * _column_f1(pred_bag, gold_bag)

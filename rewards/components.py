@@ -37,6 +37,10 @@ class Components:
     """Share of gold columns reproduced, averaged over copies; 1 when correct."""
     rows: float = component(0.0)
     """F1 of the row multisets, averaged over copies; 1 when correct."""
+    overlap: float = component(0.0)
+    """For a wrong result that runs: how close it is to the gold's (`compare.result_overlap`:
+    paired columns' F1 times the F1 of the rows on them), so a near miss outranks a far one
+    while `SELECT *` or a query returning every row earns little; 1 when correct."""
     length: float = component(0.0)
     """For SQL that runs: 1 within the length budget relative to the gold, falling linearly to
     0 at twice it."""

@@ -198,13 +198,14 @@ class Scorer:
         correct = failure is None and matched == len(prepared)
         executes = failure is None
         if correct:
-            columns = rows = 1.0
+            columns = rows = overlap = 1.0
         elif executes:
             pairs = [(r.rows, gold.rows) for r, (_, gold) in zip(results, prepared, strict=True)]
             columns = sum(compare.column_overlap(p, g) for p, g in pairs) / len(pairs)
             rows = sum(compare.row_overlap(p, g) for p, g in pairs) / len(pairs)
+            overlap = sum(compare.result_overlap(p, g) for p, g in pairs) / len(pairs)
         else:
-            columns = rows = 0.0
+            columns = rows = overlap = 0.0
         components = Components(
             format=float(well_formed),
             parses=float(outcome is not Outcome.SYNTAX),
@@ -212,6 +213,7 @@ class Scorer:
             result=float(correct),
             columns=columns,
             rows=rows,
+            overlap=overlap,
             length=length_credit(sql, task.gold_sql, config.length_budget) if executes else 0.0,
             schema_linking=(schema_credit(sql, task.gold_sql, prepared[0][0].columns)
                     if config.weights.schema_linking > 0 and prepared else 0.0),

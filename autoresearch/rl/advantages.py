@@ -70,3 +70,20 @@ def token_advantages(
     if kl_coef and reference_logprobs is not None:
         values -= kl_coef * (np.asarray(sampled_logprobs) - np.asarray(reference_logprobs))
     return values
+
+
+def aggregation_scale(
+    mode: Literal["sum", "token_mean", "sequence_mean"], completion_tokens: int,
+    step_tokens: int, step_sequences: int,
+) -> float:
+    """The factor on one completion's per-token advantages that makes the server's summed loss
+    the aggregation `mode` asks for: `sum` leaves it (Dr. GRPO), `token_mean` divides by the
+    step's completion tokens (DAPO), `sequence_mean` by the completion's own length and the
+    number of completions (the original GRPO)."""
+    if mode == "sum":
+        return 1.0
+    if mode == "token_mean":
+        return 1.0 / max(1, step_tokens)
+    if mode == "sequence_mean":
+        return 1.0 / (max(1, completion_tokens) * max(1, step_sequences))
+    raise ValueError(f"unknown loss aggregation {mode!r}")

@@ -62,6 +62,24 @@ class RLConfig(_Strict):
     """Group baseline: mean-centred, or z-scored by the group's standard deviation."""
     drop_constant_groups: bool = True
     """Groups whose samples all got the same reward carry no signal; skip them."""
+    dynamic_sampling: bool = False
+    """Draw more prompts until the step holds `prompts_per_step` groups whose rewards differ
+    (DAPO's dynamic sampling), within `max_groups_drawn`; the step's record says what it drew,
+    kept and dropped, and whether the cap ended it. Off: one draw, constant groups dropped."""
+    max_groups_drawn: int | None = Field(None, ge=1, le=65_536)
+    """Cap on the groups one step may draw with `dynamic_sampling` (None: 4 x
+    `prompts_per_step`): what a step may spend on sampling when few prompts carry a signal."""
+    prompt_selection: Literal["uniform", "signal"] = "uniform"
+    """`signal`: draw prompts by the chance they carry a signal, estimated online from the
+    run's own groups (`autoresearch.rl.prompt_picker`): pass rates between 0 and 1 first,
+    prompts last seen all wrong or all right seldom, tiers that never pass late."""
+    revisit: float = Field(0.1, gt=0, le=1)
+    """With `signal` selection: the weight of a prompt whose last group was constant, against
+    about 1 for one whose last group carried a signal."""
+    loss_aggregation: Literal["sum", "token_mean", "sequence_mean"] = "sum"
+    """How token losses combine: `sum` over all tokens (Dr. GRPO, tinker-cookbook), `token_mean`
+    over the step's completion tokens (DAPO), `sequence_mean` of each completion's mean
+    (the original GRPO, which favours short right and long wrong answers)."""
     kl_coef: float = Field(0.0, ge=0, le=10)
     """Penalty on log(pi/pi_base) per sampled token, folded into the advantages."""
     max_train_tokens: int | None = Field(None, ge=1)
@@ -79,9 +97,17 @@ class RLConfig(_Strict):
             and self.clip_low >= self.clip_high
         ):
             raise ValueError("clip_low must be below clip_high")
+        if self.max_groups_drawn is not None and self.max_groups_drawn < self.prompts_per_step:
+            raise ValueError("max_groups_drawn must be at least prompts_per_step")
         if self.temperature == 0 and self.steps:
             raise ValueError("temperature 0 gives identical samples in a group: no RL signal")
         return self
+
+    def groups_cap(self) -> int:
+        """The most groups one step draws."""
+        if not self.dynamic_sampling:
+            return self.prompts_per_step
+        return self.max_groups_drawn or 4 * self.prompts_per_step
 
     def loss_fn_config(self) -> dict[str, float] | None:
         config = {}
@@ -188,6 +214,12 @@ ADDED_LATER: dict[str, Any] = {
     "eval.snap_names": False,
     "reward.snap_values": False,
     "eval.snap_values": False,
+    "reward.weights.overlap": 0.0,
+    "rl.dynamic_sampling": False,
+    "rl.max_groups_drawn": None,
+    "rl.prompt_selection": "uniform",
+    "rl.revisit": 0.1,
+    "rl.loss_aggregation": "sum",
 }
 """Fields added after configs were first hashed, and their defaults (see `canonical`)."""
 

@@ -55,6 +55,10 @@ class ProgressTracker:
                                 ("loss", "loss_per_token")):
                 if event.get(source) is not None:
                     s[key] = float(event[source])
+            if phase == "rl" and event.get("groups_used") is not None:
+                drawn = event.get("groups_drawn",
+                                  event["groups_used"] + event.get("groups_dropped", 0))
+                s["groups"] = [int(event["groups_used"]), int(drawn)]
             if self._since is None:  # the pace is timed from the first step this process saw
                 self._since = (now, s["step"])
             start, base = self._since
@@ -116,6 +120,9 @@ def describe(state: dict[str, Any] | None, now: float | None = None) -> str:
         parts.append(f"acc {state['accuracy']:.2f}")
     elif state.get("loss") is not None:
         parts.append(f"loss {state['loss']:.3f}")
+    if phase == "rl" and state.get("groups"):
+        used, drawn = state["groups"]
+        parts.append(f"trained on {used} of {drawn} groups")
     if state.get("dev_accuracy") is not None:
         parts.append(f"dev {state['dev_accuracy']:.3f}")
     if phase not in ("done", "stopped", "crashed", "interrupted", "eval"):  # eval: not timed

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import random
 import threading
 import time
@@ -29,8 +30,15 @@ import tinker
 from tinker import types
 
 from autoresearch.evaluation.evaluate import EvalResult, evaluate, prompt_tokens
-from autoresearch.rl.advantages import group_advantages, is_constant, kl_estimates, token_advantages
+from autoresearch.rl.advantages import (
+    aggregation_scale,
+    group_advantages,
+    is_constant,
+    kl_estimates,
+    token_advantages,
+)
 from autoresearch.rl.config import AdamConfig, TrialConfig
+from autoresearch.rl.prompt_picker import GroupOutcome, PromptPicker
 from autoresearch.rl.record import TrialRecord
 from autoresearch.rl.sdk_logging import quiet_long_polls
 from autoresearch.rl.tasks import source_summary, split_tasks
@@ -49,6 +57,24 @@ _TOKENIZER_LOCK = threading.Lock()
 
 class TrialFailed(RuntimeError):
     """The trial could not finish (after retrying what was safe to retry)."""
+
+
+@dataclass(frozen=True)
+class SampledGroup:
+    """One prompt's group of samples and their scores."""
+
+    task: Task
+    prompt: list[int]
+    sequences: list[Any]
+    scores: list[ScoreResult]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [r.total for r in self.scores]
+
+    def outcome(self) -> GroupOutcome:
+        return GroupOutcome(self.task.id, sum(r.correct for r in self.scores), len(self.scores),
+                            not is_constant(self.rewards))
 
 
 @dataclass
@@ -326,13 +352,15 @@ class Trial:
         reference = None
         if c.rl.kl_coef > 0 and c.rl.steps:
             reference = service.create_sampling_client(base_model=c.base_model).result()
+        picker = PromptPicker(train, c.rl.prompt_selection, c.seed, c.rl.revisit)
+        picker.observe_record(e for e in self.record.of_type("step") if e.get("phase") == "rl")
         for step in range(rl_start, c.rl.steps):
             if c.rl.max_train_tokens is not None and tokens >= c.rl.max_train_tokens:
                 self.record.append(
                     "event", message="token budget reached", step=step, tokens=tokens
                 )
                 break
-            tokens += self._rl_step(training, tokenizer, train, step, reference)
+            tokens += self._rl_step(training, tokenizer, picker, step, reference)
             self._maybe_checkpoint(training, "rl", step + 1, c.rl.steps, tokens)
             if c.eval.every and (step + 1) % c.eval.every == 0 and step + 1 < c.rl.steps:
                 sampler = training.save_weights_and_get_sampling_client().result()
@@ -438,51 +466,95 @@ class Trial:
         self.progress(entry)
         return used
 
-    def _rl_step(
-        self,
-        training: tinker.TrainingClient,
-        tokenizer: Any,
-        train: list[Task],
-        step: int,
-        reference: tinker.SamplingClient | None,
-    ) -> int:
+    def _sample_groups(
+        self, sampler: tinker.SamplingClient, tokenizer: Any, tasks: list[Task], step: int,
+        round_: int,
+    ) -> list[SampledGroup]:
+        """One round of a step's draws: every task's group sampled in one burst, each scored as
+        soon as it arrives while the server samples the rest."""
         c, rl = self.config, self.config.rl
-        timings: dict[str, float] = {}
-        t0 = time.time()
-        sampler = training.save_weights_and_get_sampling_client().result()
-        tasks = _rng(c.seed, "rl", step).sample(train, k=min(rl.prompts_per_step, len(train)))
         prompts = [prompt_tokens(tokenizer, task, c.prompt_style, self._view) for task in tasks]
         stop = list(STOP_SEQUENCES[c.prompt_style])
+        # Round 0 keeps the seeds a step always had; later rounds add the round to them.
+        seeds = [_stable_seed(c.seed, step, i) if round_ == 0
+                 else _stable_seed(c.seed, step, round_, i) for i in range(len(tasks))]
         sample_futures = [
             sampler.sample(
                 types.ModelInput.from_ints(prompt),
                 num_samples=rl.group_size,
                 sampling_params=types.SamplingParams(
-                    max_tokens=rl.max_tokens,
-                    temperature=rl.temperature,
-                    top_p=rl.top_p,
-                    stop=stop,
-                    seed=_stable_seed(c.seed, step, i),
+                    max_tokens=rl.max_tokens, temperature=rl.temperature, top_p=rl.top_p,
+                    stop=stop, seed=seed,
                 ),
             )
-            for i, prompt in enumerate(prompts)
+            for prompt, seed in zip(prompts, seeds)
         ]
-        # Score each group as soon as it arrives, while the server samples the rest.
-        groups: list[list[Any]] = []
-        score_futures: list[list[Future]] = []
-        for task, future in zip(tasks, sample_futures):
+        pending: list[tuple[Task, list[int], list[Any], list[Future]]] = []
+        for task, prompt, future in zip(tasks, prompts, sample_futures):
             sequences = list(future.result().sequences)
-            groups.append(sequences)
             texts = [tokenizer.decode(seq.tokens) for seq in sequences]
-            score_futures.append([self._pool.submit(text, task, c.reward) for text in texts])
+            pending.append((task, prompt, sequences,
+                            [self._pool.submit(text, task, c.reward) for text in texts]))
+        return [SampledGroup(task, prompt, sequences, [f.result() for f in futures])
+                for task, prompt, sequences, futures in pending]
+
+    def _draw_groups(
+        self, sampler: tinker.SamplingClient, tokenizer: Any, picker: PromptPicker, step: int,
+    ) -> tuple[list[SampledGroup], list[bool], int, bool]:
+        """The step's groups, the ones it trains on marked, the rounds drawn, and whether the
+        draw cap ended the step short of `prompts_per_step` informative groups.
+
+        Without dynamic sampling: one round of `prompts_per_step`, constant groups dropped
+        (when `drop_constant_groups`). With it: rounds until `prompts_per_step` groups carry a
+        signal or `groups_cap()` are drawn; a round after the first draws what is missing
+        divided by the share of informative groups the run has met so far (at least a quarter),
+        so a poor pool costs few rounds; surplus informative groups are observed, not trained."""
+        rl = self.config.rl
+        cap, want = rl.groups_cap(), rl.prompts_per_step
+        drawn: list[SampledGroup] = []
+        trains: list[bool] = []
+        rounds = kept = 0
+        while True:
+            if rounds == 0:
+                k = want
+            else:
+                share = max(0.25, picker.informative_share() or 0.25)
+                k = min(cap - len(drawn), math.ceil((want - kept) / share))
+            tasks = picker.draw(step, rounds, k, exclude={g.task.id for g in drawn})
+            if not tasks:
+                break
+            groups = self._sample_groups(sampler, tokenizer, tasks, step, rounds)
+            rounds += 1
+            for group in groups:
+                signal = not is_constant(group.rewards)
+                use = signal if (rl.dynamic_sampling or rl.drop_constant_groups) else True
+                if rl.dynamic_sampling and kept >= want:
+                    use = False
+                kept += int(use)
+                trains.append(use)
+            drawn.extend(groups)
+            picker.observe(g.outcome() for g in groups)
+            if not rl.dynamic_sampling or kept >= want or len(drawn) >= cap:
+                break
+        capped = rl.dynamic_sampling and kept < want
+        return drawn, trains, rounds, capped
+
+    def _rl_step(
+        self,
+        training: tinker.TrainingClient,
+        tokenizer: Any,
+        picker: PromptPicker,
+        step: int,
+        reference: tinker.SamplingClient | None,
+    ) -> int:
+        rl = self.config.rl
+        timings: dict[str, float] = {}
+        t0 = time.time()
+        sampler = training.save_weights_and_get_sampling_client().result()
+        drawn, used, rounds, capped = self._draw_groups(sampler, tokenizer, picker, step)
         timings["sample_s"] = time.time() - t0
-        t1 = time.time()
-        scores: list[list[ScoreResult]] = [[f.result() for f in fs] for fs in score_futures]
-        timings["score_wait_s"] = time.time() - t1
-        used = [
-            not (rl.drop_constant_groups and is_constant([r.total for r in results]))
-            for results in scores
-        ]
+        prompts = [g.prompt for g in drawn]
+        groups = [g.sequences for g in drawn]
         t_behaviour = time.time()
         behaviour = behaviour_logprobs(sampler, prompts, groups, rl.temperature, rl.top_p, used)
         timings["behaviour_s"] = time.time() - t_behaviour
@@ -491,22 +563,20 @@ class Trial:
         if reference is not None:
             reference_lps = completion_logprobs(reference, prompts, groups, used)
             timings["reference_s"] = time.time() - t_ref
-        datums, sampled_lps, used_groups, dropped = [], [], 0, 0
-        for g, (prompt, sequences, results, seq_lps) in enumerate(
-            zip(prompts, groups, scores, behaviour)
-        ):
-            rewards = [r.total for r in results]
-            if not used[g]:
-                dropped += 1
-                continue
-            used_groups += 1
-            advantages = group_advantages(rewards, rl.advantage)
-            for k, (seq, adv, lps_old) in enumerate(zip(sequences, advantages, seq_lps)):
+        trained = [(g, lps) for g, lps, use in zip(range(len(drawn)), behaviour, used) if use]
+        step_sequences = sum(1 for g, _ in trained for seq in groups[g] if seq.tokens)
+        step_tokens = sum(len(seq.tokens) for g, _ in trained for seq in groups[g])
+        datums, sampled_lps = [], []
+        for g, seq_lps in trained:
+            advantages = group_advantages(drawn[g].rewards, rl.advantage)
+            for k, (seq, adv, lps_old) in enumerate(zip(groups[g], advantages, seq_lps)):
                 if not seq.tokens:
                     continue
                 ref_lp = reference_lps[g][k] if reference_lps is not None else None
-                per_token = token_advantages(float(adv), lps_old, ref_lp, rl.kl_coef)
-                datums.append(rl_datum(prompt, list(seq.tokens), lps_old, per_token))
+                scale = aggregation_scale(rl.loss_aggregation, len(seq.tokens), step_tokens,
+                                          step_sequences)
+                per_token = token_advantages(float(adv), lps_old, ref_lp, rl.kl_coef) * scale
+                datums.append(rl_datum(prompts[g], list(seq.tokens), lps_old, per_token))
                 sampled_lps.append(lps_old)
         t2 = time.time()
         metrics: dict[str, Any] = {}
@@ -528,7 +598,8 @@ class Trial:
                 grad_norm=(opt_out.metrics or {}).get("grad_norm:mean"),
             )
         timings["train_s"] = time.time() - t2
-        flat = [r for results in scores for r in results]
+        flat = [r for g in drawn for r in g.scores]
+        trained_flat = [r for g, use in zip(drawn, used) if use for r in g.scores]
         all_lps = [lp for seqs in groups for seq in seqs for lp in seq.logprobs]
         components: dict[str, float] = {}
         for r in flat:
@@ -537,6 +608,7 @@ class Trial:
         used_tokens = sum(
             len(p) * len(g) + sum(len(s.tokens) for s in g) for p, g in zip(prompts, groups)
         )
+        informative = sum(1 for g in drawn if not is_constant(g.rewards))
         entry = self.record.append(
             "step",
             phase="rl",
@@ -544,15 +616,30 @@ class Trial:
             reward_mean=float(np.mean([r.total for r in flat])),
             reward_std=float(np.std([r.total for r in flat])),
             accuracy=float(np.mean([r.correct for r in flat])),
+            trained_accuracy=(float(np.mean([r.correct for r in trained_flat]))
+                              if trained_flat else None),
             components=components,
             entropy=float(-np.mean(all_lps)) if all_lps else 0.0,
-            groups_used=used_groups,
-            groups_dropped=dropped,
+            groups_drawn=len(drawn),
+            groups_informative=informative,
+            groups_used=sum(used),
+            groups_dropped=len(drawn) - sum(used),
+            sample_rounds=rounds,
+            draw_capped=capped,
+            samples_drawn=sum(len(g) for g in groups),
             completion_tokens=sum(len(s.tokens) for g in groups for s in g),
             tokens=used_tokens,
+            groups=[g.outcome().as_list() for g in drawn],
             seconds={k: round(v, 3) for k, v in timings.items()},
             **metrics,
         )
+        if capped:
+            self.record.append(
+                "event",
+                message=(f"draw cap reached: {sum(used)} of {rl.prompts_per_step} groups with a "
+                         f"signal after {len(drawn)} drawn"),
+                step=step,
+            )
         if not datums:
             self.record.append(
                 "event",

@@ -438,6 +438,7 @@ def build(journal: Journal) -> list[Block]:
     if series:
         blocks.append(Block("h2", "Curves"))
         blocks.append(Block("curves", series=series))
+    blocks += _signal_blocks(journal, trials)
     blocks += _dev_curve_blocks(journal, trials)
     transfer = [e for e in journal.events() if e["kind"] == "transfer"]
     if transfer:
@@ -557,6 +558,40 @@ def _one_warmup_blocks(journal: Journal, row: dict[str, Any], several: bool) -> 
                "Every trial that chooses no other warm-up" if several else "Every trial")
         blocks.append(Block("p", f"{who} starts from {row['checkpoint']}."))
     return blocks
+
+
+def _signal_blocks(journal: Journal, trials: list[dict[str, Any]]) -> list[Block]:
+    """What each trial's RL steps learned from: per step, the groups it trained on (rewards
+    that differed) of those it drew, and its mean reward. A step that trains on no group
+    changes nothing; one the draw cap ended short says so with a `*`."""
+    by_trial: dict[str, list[dict[str, Any]]] = {}
+    for s in journal.query("SELECT trial_id, step, reward_mean, metrics FROM steps "
+                           "WHERE phase = 'rl' ORDER BY trial_id, step"):
+        by_trial.setdefault(s["trial_id"], []).append(s)
+    rows = []
+    for t in trials:
+        steps = by_trial.get(t["id"])
+        if not steps:
+            continue
+        metrics = [json.loads(s["metrics"]) if isinstance(s["metrics"], str) else
+                   (s["metrics"] or {}) for s in steps]
+        used = [int(m.get("groups_used", 0)) for m in metrics]
+        drawn = [int(m.get("groups_drawn", m.get("groups_used", 0)
+                       + m.get("groups_dropped", 0))) for m in metrics]
+        per_step = " ".join(f"{u}/{d}{'*' if m.get('draw_capped') else ''}"
+                            for u, d, m in zip(used, drawn, metrics))
+        rewards = " ".join(f"{s['reward_mean']:.2f}" for s in steps
+                           if s["reward_mean"] is not None)
+        samples = sum(int(m.get("samples_drawn", 0)) for m in metrics)
+        rows.append([t["id"], per_step, f"{sum(used)} of {sum(drawn)}",
+                     str(sum(1 for u in used if u == 0)), str(samples or "-"), rewards])
+    if not rows:
+        return []
+    return [Block("h2", "Learning signal per RL step"),
+            Block("p", "Groups trained on (their rewards differed) of groups drawn, per step "
+                  "(`*`: the draw cap ended the step short); a step with none changes nothing."),
+            Block("table", headers=["trial", "groups per step", "in all", "empty steps",
+                                    "samples", "mean reward per step"], rows=rows)]
 
 
 def _dev_curve_blocks(journal: Journal, trials: list[dict[str, Any]]) -> list[Block]:

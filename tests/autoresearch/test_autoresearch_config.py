@@ -22,7 +22,9 @@ def test_fields_added_later_keep_the_fingerprint_configs_had_before_them():
     had before `train_unembed` and the snapping switches existed."""
     config = TrialConfig.model_validate({"name": "x", "base_model": "m"})
     assert config.fingerprint() == "5268dd394a81"
-    other = {"tasks": {"path": "q.jsonl", "databases": ["shop.duckdb"]}}
+    other = {"tasks": {"path": "q.jsonl", "databases": ["shop.duckdb"]},
+             "rl.max_groups_drawn": 32, "rl.prompt_selection": "signal", "rl.revisit": 0.5,
+             "rl.loss_aggregation": "token_mean"}
     for field, default in ADDED_LATER.items():
         assert config.with_changes({field: default}).fingerprint() == config.fingerprint()
         changed = other.get(field, not default)

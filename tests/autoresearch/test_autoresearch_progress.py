@@ -49,10 +49,12 @@ def test_the_tracker_follows_warm_up_rl_and_evaluation_and_estimates_time_left()
     tracker.update({"type": "step", "phase": "sft", "step": 1, "loss_per_token": 1.5})
     clock.now += 20
     state = tracker.update({"type": "step", "phase": "rl", "step": 0, "reward_mean": 0.25,
-                            "accuracy": 0.5})
+                            "accuracy": 0.5, "groups_used": 4, "groups_drawn": 9,
+                            "groups_dropped": 5})
     assert (state["phase"], state["step"], state["phase_step"]) == ("rl", 3, 1)
     assert state["eta_seconds"] == 30.0  # 30 s for the 2 steps since timing began, 2 to go
-    assert describe(state) == ("RL 1/3, step 3/5, reward 0.250, acc 0.50, ~30s left")
+    assert describe(state) == ("RL 1/3, step 3/5, reward 0.250, acc 0.50, "
+                               "trained on 4 of 9 groups, ~30s left")
     state = tracker.update({"type": "eval_start", "phase": "eval", "stage": "final",
                             "split": "dev"})
     assert describe(state).startswith("evaluation (final on dev), step 3/5")
@@ -203,3 +205,24 @@ def test_an_interrupted_study_reports_itself_unfinished_with_no_verdict_for_open
     text = status(tmp_path)
     assert "t0002 explore  stopped" in text and "stopped in RL 1/" in text
     assert "autoresearch resume" in text
+
+
+def test_the_report_shows_what_each_rl_step_learned_from(tmp_path: Path):
+    from autoresearch.study.journal import Journal
+    from autoresearch.study.report import _signal_blocks, to_markdown
+
+    journal = Journal(tmp_path)
+    steps = [{"type": "step", "phase": "sft", "step": 0, "loss_per_token": 1.0},
+             {"type": "step", "phase": "rl", "step": 0, "reward_mean": 0.25, "groups_used": 4,
+              "groups_drawn": 9, "groups_dropped": 5, "samples_drawn": 72},
+             {"type": "step", "phase": "rl", "step": 1, "reward_mean": 0.5, "groups_used": 2,
+              "groups_drawn": 12, "groups_dropped": 10, "draw_capped": True,
+              "samples_drawn": 96},
+             # a record written before dynamic sampling: drawn = used + dropped
+             {"type": "step", "phase": "rl", "step": 2, "reward_mean": 0.0, "groups_used": 0,
+              "groups_dropped": 4}]
+    journal.put_steps("t0001", steps)
+    text = to_markdown(_signal_blocks(journal, [{"id": "t0001"}, {"id": "t0002"}]))
+    assert "## Learning signal per RL step" in text
+    assert "| t0001 | 4/9 2/12* 0/4 | 6 of 25 | 1 | 168 | 0.25 0.50 0.00 |" in text
+    assert "t0002" not in text

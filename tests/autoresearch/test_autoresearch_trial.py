@@ -378,3 +378,100 @@ def test_a_seeded_trial_gives_the_same_bits_twice_also_beside_another_trial(
     steps = TrialRecord(tmp_path / "alone").of_type("step")
     # Sampler and trainer give the sampled tokens the same bits: on-policy ratios are exactly 1.
     assert all(s["kl_sample_train_k1"] == 0.0 for s in steps if s["phase"] == "rl")
+
+
+class TextDigestPool:
+    """A reward pool whose training verdicts are a fixed function of the completion's text
+    (about a quarter right), so a tiny random model's groups carry signals; evaluation goes to
+    the real pool. Same text, same reward: reproducibility still rests on the samples' bits."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+
+    def submit(self, text, task, config):
+        import hashlib
+        from concurrent.futures import Future
+
+        from rewards import ScoreResult
+        from rewards.components import Components
+
+        right = hashlib.sha1(text.encode()).digest()[0] % 4 == 0
+        future: Future = Future()
+        future.set_result(ScoreResult(float(right), Components(result=float(right)), right,
+                                      "ok", task_id=task.id))
+        return future
+
+    def score_many(self, items, config):
+        return self.real.score_many(items, config)
+
+
+def _dynamic_config(model_dir: Path, **rl_changes) -> TrialConfig:
+    rl = {"steps": 3, "prompts_per_step": 2, "group_size": 3, "max_tokens": 12,
+          "dynamic_sampling": True, "max_groups_drawn": 6, "prompt_selection": "signal",
+          "loss_aggregation": "token_mean", "adam": {"learning_rate": 1e-3}, **rl_changes}
+    return tiny_config(model_dir, rl=rl)
+
+
+def test_dynamic_sampling_fills_each_step_with_informative_groups_reproducibly_and_on_resume(
+    sql_model_dir, sql_server, reward_pool, tmp_path
+):
+    """Every step trains on `prompts_per_step` groups whose rewards differ, or says the cap
+    ended it; the record holds what was drawn, kept and dropped; the same seed draws the same
+    groups; a trial resumed from a checkpoint rebuilds the picker and redoes the same steps."""
+    import shutil
+
+    config = _dynamic_config(sql_model_dir)
+    pool = TextDigestPool(reward_pool)
+    first = tmp_path / "first"
+    run_trial(config, first, sql_server.url, "tml-tests", pool=pool)
+    record = TrialRecord(first)
+    steps = [s for s in record.of_type("step") if s["phase"] == "rl"]
+    capped = {e["step"] for e in record.of_type("event") if "draw cap" in e["message"]}
+    for step in steps:
+        assert step["groups_drawn"] == len(step["groups"]) <= 6
+        assert step["groups_used"] + step["groups_dropped"] == step["groups_drawn"]
+        assert step["groups_informative"] == sum(1 for g in step["groups"] if g[3])
+        assert step["samples_drawn"] == 3 * step["groups_drawn"]
+        if step["draw_capped"]:
+            assert step["step"] in capped and step["groups_drawn"] == 6
+            assert step["groups_used"] == step["groups_informative"] < 2
+        else:
+            assert step["groups_used"] == 2 <= step["groups_informative"]
+    assert sum(s["groups_used"] for s in steps) > 0
+
+    again = tmp_path / "again"
+    run_trial(config, again, sql_server.url, "tml-tests", pool=pool)
+
+    def numbers(directory: Path) -> list:
+        from autoresearch.study.compare import comparable
+
+        rec = TrialRecord(directory)
+        return [comparable(e) for e in rec.of_type("step") + rec.of_type("eval")]
+
+    assert numbers(again) == numbers(first)
+    # Resume: keep the record up to the checkpoint after RL step 1, then run the trial again.
+    resumed = tmp_path / "resumed"
+    shutil.copytree(first, resumed)
+    lines = (resumed / "record.jsonl").read_text().splitlines()
+    cut = next(i for i, line in enumerate(lines)
+               if '"checkpoint"' in line and '"phase": "rl"' in line and '"step": 1,' in line)
+    (resumed / "record.jsonl").write_text("\n".join(lines[: cut + 1]) + "\n")
+    run_trial(config, resumed, sql_server.url, "tml-tests", pool=pool)
+    assert numbers(resumed) == numbers(first)
+
+
+def test_a_step_whose_groups_never_differ_ends_at_the_draw_cap_and_says_so(
+    sql_model_dir, sql_server, reward_pool, tmp_path
+):
+    config = tiny_config(sql_model_dir, rl={
+        "steps": 1, "prompts_per_step": 2, "group_size": 2, "max_tokens": 4,
+        "dynamic_sampling": True, "max_groups_drawn": 5, "adam": {"learning_rate": 1e-3}},
+        reward={"weights": {"executes": 0.0, "result": 1.0}})
+    run_trial(config, tmp_path / "t", sql_server.url, "tml-tests", pool=reward_pool)
+    record = TrialRecord(tmp_path / "t")
+    (step,) = [s for s in record.of_type("step") if s["phase"] == "rl"]
+    assert step["groups_drawn"] == 5 and step["groups_used"] == 0 and step["draw_capped"]
+    assert step["sample_rounds"] >= 2
+    messages = [e["message"] for e in record.of_type("event")]
+    assert any("draw cap reached: 0 of 2" in m for m in messages)
+    assert any("no learning signal" in m for m in messages)
