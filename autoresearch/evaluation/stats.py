@@ -385,11 +385,12 @@ def run_level_test(candidate: Sequence[Outcomes], incumbent: Sequence[Outcomes],
     return RunTest(difference, sd_i, df, p, counts, sd_c, se, own)
 
 
-def run_mean(runs: Sequence[Outcomes], alpha: float = 0.05) -> Estimate:
+def run_mean(runs: Sequence[Outcomes], alpha: float = 0.05, clip: bool = True) -> Estimate:
     """One config's accuracy with runs as the unit: the mean of its runs' accuracies on the
     tasks they share, with a Student t interval over runs (the spread floored at a run's
     binomial answer noise, as in `run_level_test`); one run gives its Wilson interval over
-    tasks, which leaves the run's own luck out."""
+    tasks, which leaves the run's own luck out. `clip=False` leaves the t interval's bounds
+    outside [0, 1] as they are: what a difference from a fixed accuracy subtracts from."""
     runs = [run for run in runs if run]
     if not runs:
         return Estimate(0.0, 0.0, 1.0, 0)
@@ -401,6 +402,8 @@ def run_mean(runs: Sequence[Outcomes], alpha: float = 0.05) -> Estimate:
     mean = float(accuracies.mean())
     sd = _run_spread(float(accuracies.std(ddof=1)), mean, len(tasks))
     half = float(student_t.ppf(1 - alpha / 2, len(runs) - 1)) * sd / math.sqrt(len(runs))
+    if not clip:
+        return Estimate(mean, mean - half, mean + half, len(runs))
     return Estimate(mean, max(0.0, mean - half), min(1.0, mean + half), len(runs))
 
 

@@ -236,7 +236,7 @@ def _base_runs_against_warmup(trials: list[dict[str, Any]], split: str = "dev") 
         return ""
     tasks = sorted(set.intersection(*(set(r) for r in runs)))
     base = sum(bool(start[k]) for k in tasks) / len(tasks)
-    est = run_mean([{k: r[k] for k in tasks} for r in runs])
+    est = run_mean([{k: r[k] for k in tasks} for r in runs], clip=False)
     gain = Estimate(est.value - base, est.low - base, est.high - base, est.n)
     word = ("beat" if gain.low > 0 else "fell below" if gain.high < 0 else
             "did not differ beyond noise from")

@@ -261,3 +261,15 @@ def test_the_crossed_interval_of_one_run_or_no_spread():
     assert runs_and_questions_mean([]).n == 0
     all_wrong = runs_and_questions_mean(_runs([0.0, 0.0, 0.0]))
     assert all_wrong.value == 0.0 and all_wrong.high > 0.0  # no spread is no proof of none
+
+
+def test_a_difference_from_a_run_mean_is_not_clipped_where_the_mean_is():
+    """The warm-up comparison subtracts a fixed accuracy from a run mean: the mean's interval
+    clipped at 0 would turn [-0.041, +0.083] into [+0.000, +0.083]."""
+    from autoresearch.evaluation.stats import run_mean
+
+    tasks = [f"t{i}" for i in range(48)]
+    runs = [{t: i < k for i, t in enumerate(tasks)} for k in (0, 1, 4)]
+    clipped, raw = run_mean(runs), run_mean(runs, clip=False)
+    assert clipped.low == 0.0 and raw.low < 0.0
+    assert raw.value == clipped.value and raw.high == clipped.high
