@@ -1,22 +1,18 @@
 """Partial credit that a wrong query cannot game: `result_overlap` ranks near misses above far
-ones and charges a broad answer for every column and row the gold did not ask for; under the
-weights the demo and the transfer recipe train with, degenerate answers on real corpus tasks
-(`SELECT *`, `COUNT(*)`, an empty completion, a copy of the schema) earn at most a fifth of a
-correct answer's reward, a tenth on average."""
+ones and charges a broad answer for every column and row the gold did not ask for; degenerate
+answers on corpus tasks (`SELECT *`, `COUNT(*)` and every single column of every table, an
+empty completion, a copy of the schema) earn at most a fifth of a correct answer's reward, an
+eighth on average."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
+import duckdb
 import pytest
 
-from autoresearch.study.spec import Study
-from rewards import RewardConfig, RewardPool
+from rewards import RewardConfig, RewardPool, RewardWeights
 from rewards.compare import result_overlap
 from sqltasks import load_corpus
 
-CONFIGS = Path(__file__).resolve().parents[2] / "autoresearch" / "configs"
 GOLD = [("Ava", 10.0), ("Bo", 5.5), ("Cy", 7.25)]
 
 
@@ -37,15 +33,22 @@ def test_overlap_of_an_empty_result_is_zero():
     assert result_overlap([], GOLD) == 0.0 and result_overlap(GOLD, []) == 0.0
 
 
-def _tables(setup_sql: str) -> list[str]:
-    return re.findall(r'CREATE TABLE\s+"?([\w ]+?)"?\s*\(', setup_sql)
+def _columns(setup_sql: str) -> dict[str, list[str]]:
+    """Every table of a task's database and its columns."""
+    with duckdb.connect() as db:
+        db.execute(setup_sql)
+        rows = db.execute("SELECT table_name, column_name FROM information_schema.columns "
+                          "ORDER BY table_name, ordinal_position").fetchall()
+    out: dict[str, list[str]] = {}
+    for table, column in rows:
+        out.setdefault(table, []).append(column)
+    return out
 
 
-@pytest.mark.parametrize("config", ["demo_study.yaml", "transfer_study.yaml"])
-def test_degenerate_answers_earn_a_small_fixed_share_under_the_shipped_weights(config: str):
-    reward = Study.from_file(CONFIGS / config).base_trial.reward
-    assert reward.weights.overlap > 0, "the shipped configs train with partial credit"
-    scoring = RewardConfig(weights=reward.weights, extract=False)
+def test_degenerate_answers_earn_a_small_fixed_share_of_a_right_one():
+    """Under the partial credit docs/rl.md describes (`overlap` 0.3 beside `result` 1)."""
+    scoring = RewardConfig(weights=RewardWeights(result=1.0, executes=0.0, overlap=0.3),
+                           extract=False)
     tasks = load_corpus("train", corpus="multitable")[:300:10]
     shares: list[float] = []
     with RewardPool(workers=2) as pool:
@@ -53,10 +56,11 @@ def test_degenerate_answers_earn_a_small_fixed_share_under_the_shipped_weights(c
             correct = pool.score(task.gold_sql, task, scoring)
             assert correct.correct
             degenerate = [task.setup_sql.split(";")[0] + ";"]
-            for table in _tables(task.setup_sql):
+            for table, columns in _columns(task.setup_sql).items():
                 degenerate += [f'SELECT * FROM "{table}"', f'SELECT COUNT(*) FROM "{table}"']
+                degenerate += [f'SELECT "{c}" FROM "{table}"' for c in columns]
             best = max(pool.score(sql, task, scoring).total for sql in degenerate)
             assert pool.score("", task, scoring).total == 0.0
             shares.append(best / correct.total)
     assert max(shares) <= 0.2, f"a degenerate answer earned {max(shares):.2f} of a correct one"
-    assert sum(shares) / len(shares) <= 0.1
+    assert sum(shares) / len(shares) <= 0.125
