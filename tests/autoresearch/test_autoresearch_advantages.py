@@ -57,3 +57,16 @@ def test_kl_penalty_lowers_advantage_where_policy_exceeds_reference():
     assert adv[1] == pytest.approx(1.0)
     assert token_advantages(1.0, sampled, reference, kl_coef=0.0).tolist() == [1.0, 1.0]
     assert not any(math.isnan(x) for x in adv)
+
+
+def test_loss_aggregation_scales_each_completions_advantages_to_the_mean_it_names():
+    from autoresearch.rl.advantages import aggregation_scale
+
+    # sum: as is; token_mean: over the step's 40 completion tokens; sequence_mean: each
+    # completion's own mean (10 tokens), then over the step's 4 completions
+    assert aggregation_scale("sum", 10, 40, 4) == 1.0
+    assert aggregation_scale("token_mean", 10, 40, 4) == 1 / 40
+    assert aggregation_scale("sequence_mean", 10, 40, 4) == 1 / 40
+    assert aggregation_scale("sequence_mean", 5, 40, 4) == 1 / 20  # a short one weighs more
+    with pytest.raises(ValueError, match="unknown loss aggregation"):
+        aggregation_scale("median", 10, 40, 4)  # type: ignore[arg-type]
