@@ -50,9 +50,11 @@ def html_columns(table: str) -> dict[str, list[str]]:
 def test_rewards_notebook_scores_hand_written_predictions():
     nb = run_notebook("05_rewards.ipynb", small=True)
     default, compared = (html_rows(t) for t in outputs(nb, "text/html"))
-    # format, parses, executes, result, columns, rows, length, schema (computed only when
-    # weighted), total, correct, outcome
-    assert default["gold, fenced"] == ["1.0"] * 7 + ["0.0", "1.1", "True", "ok"]
+    # format, parses, executes, result, columns, rows, overlap, length, schema (computed only
+    # when weighted), total, correct, outcome
+    gold = default["gold, fenced"]
+    assert [float(v) for v in gold[:-2]] == [1.0] * 8 + [0.0, 1.1]
+    assert gold[-2:] == ["True", "ok"]
     assert default["wrong filter"][3] == "0.0" and default["wrong filter"][-1] == "ok"
     assert default["unsafe"][-3:] == ["0.0", "False", "refused"]
     assert default["no SQL"][-1] == "no_sql"
