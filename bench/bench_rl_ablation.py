@@ -4,19 +4,22 @@ warm-up they fork from and against the earlier recipe, with runs as the unit.
 Every arm forks from the demo's cached warm-up (`autoresearch/configs/demo_study.yaml`) and is
 scored on its 48 fixed dev tasks. Arms (changes to the demo's base trial):
 
-    new          the demo as shipped: dynamic sampling, signal-weighted prompts, partial credit
-    old          the demo before them: one draw of uniform prompts, result-only reward
-    no-dynamic   new without dynamic sampling
-    uniform      new with uniform prompts
-    result-only  new with the result-only reward
+    shipped      the demo as shipped: dynamic sampling, signal-weighted prompts, the result's
+                 reward alone
+    old          the demo before them: one draw of uniform prompts
+    partial      shipped with partial credit (overlap 0.3, executes 0.05, schema_linking 0.05)
+    no-dynamic   shipped without dynamic sampling
+    uniform      shipped with uniform prompts
+    zscore       shipped with advantages divided by the group's standard deviation
+    token-mean   shipped with the token-mean loss
 
 For each arm: dev accuracy per seed; the mean minus the warm-up with a 95% t-interval over its
 runs (each run's difference from the warm-up on the same tasks is one observation); the same
 against `old`, paired by seed; and what its steps learned from (groups trained on of groups
 drawn, steps that trained on nothing, samples drawn) and cost (trial seconds, summed).
 
-    python bench/bench_rl_ablation.py --out runs/rl-ablation --seeds 3
-    python bench/bench_rl_ablation.py --out runs/rl-ablation --arms new,old --steps 8
+    python bench/bench_rl_ablation.py --out runs/rl-ablation --arms shipped,old,partial --seeds 3
+    python bench/bench_rl_ablation.py --out runs/rl-ablation-8 --arms shipped,old --steps 8
 
 Resumable: rerun with the same `--out` (finished trials are read back).
 """
@@ -43,14 +46,13 @@ from autoresearch.rl.record import TrialRecord  # noqa: E402
 from autoresearch.study.journal import Journal  # noqa: E402
 from autoresearch.study.runner import run_study  # noqa: E402
 
-RESULT_ONLY = {"reward.weights.overlap": 0.0, "reward.weights.schema_linking": 0.0,
-               "reward.weights.executes": 0.0}
 ARMS: dict[str, dict[str, Any]] = {
-    "new": {},
-    "old": {"rl.dynamic_sampling": False, "rl.prompt_selection": "uniform", **RESULT_ONLY},
+    "shipped": {},
+    "old": {"rl.dynamic_sampling": False, "rl.prompt_selection": "uniform"},
+    "partial": {"reward.weights.overlap": 0.3, "reward.weights.executes": 0.05,
+                "reward.weights.schema_linking": 0.05},
     "no-dynamic": {"rl.dynamic_sampling": False},
     "uniform": {"rl.prompt_selection": "uniform"},
-    "result-only": dict(RESULT_ONLY),
     "zscore": {"rl.advantage": "zscore"},
     "token-mean": {"rl.loss_aggregation": "token_mean"},
 }
@@ -114,7 +116,7 @@ def summarise(directory: Path, arms: list[str], seeds: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--arms", default="new,old,no-dynamic,uniform,result-only",
+    parser.add_argument("--arms", default="shipped,old,partial,no-dynamic,uniform",
                         help=f"some of {', '.join(ARMS)}")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=None, help="RL steps (default: the demo's)")
@@ -134,12 +136,12 @@ def main() -> int:
     base = dict(args.base)
     if args.steps:
         base["rl.steps"] = args.steps
-    # The demo's base trial (the `new` arm on seed 0) is the study's baseline; every other
+    # The demo's base trial (the `shipped` arm on seed 0) is the study's baseline; every other
     # arm-seed pair is one proposal.
+    if "shipped" not in arms:
+        raise SystemExit("the `shipped` arm is the study's baseline: include it")
     variants = [{**ARMS[arm], "seed": seed} for arm in arms for seed in range(args.seeds)
-                if (arm, seed) != ("new", 0)]
-    if "new" not in arms:
-        raise SystemExit("the `new` arm is the study's baseline: include it")
+                if (arm, seed) != ("shipped", 0)]
     study, proposer = variants_study(base, variants, args.parallel)
     run_study(study, args.out, proposer=proposer)
     summarise(args.out, arms, args.seeds)
