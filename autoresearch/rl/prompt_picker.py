@@ -31,10 +31,14 @@ from rewards import Task
 Selection = Literal["uniform", "signal"]
 
 
-def stable_rng(*parts: object) -> random.Random:
-    """A generator that depends only on its parts (not on Python's per-process hash salt)."""
+def stable_seed(*parts: object) -> int:
+    """A seed that depends only on its parts (not on Python's per-process hash salt)."""
     digest = hashlib.sha256(repr(parts).encode()).digest()
-    return random.Random(int.from_bytes(digest[:4], "little"))
+    return int.from_bytes(digest[:4], "little")
+
+
+def stable_rng(*parts: object) -> random.Random:
+    return random.Random(stable_seed(*parts))
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,8 @@ checkpoint redoes the lost steps exactly as they would have run.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import math
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -38,7 +36,7 @@ from autoresearch.rl.advantages import (
     token_advantages,
 )
 from autoresearch.rl.config import AdamConfig, TrialConfig
-from autoresearch.rl.prompt_picker import GroupOutcome, PromptPicker
+from autoresearch.rl.prompt_picker import GroupOutcome, PromptPicker, stable_rng, stable_seed
 from autoresearch.rl.record import TrialRecord
 from autoresearch.rl.sdk_logging import quiet_long_polls
 from autoresearch.rl.tasks import source_summary, split_tasks
@@ -90,16 +88,6 @@ class TrialResult:
 
 def _adam(config: AdamConfig) -> types.AdamParams:
     return types.AdamParams(**config.model_dump())
-
-
-def _stable_seed(*parts: object) -> int:
-    """A seed that depends only on its parts (not on Python's per-process hash salt)."""
-    digest = hashlib.sha256(repr(parts).encode()).digest()
-    return int.from_bytes(digest[:4], "little")
-
-
-def _rng(*parts: object) -> random.Random:
-    return random.Random(_stable_seed(*parts))
 
 
 def gold_completion(task: Task, style: str) -> str:
@@ -224,7 +212,7 @@ class Trial:
         tasks = load_corpus("transfer")
         if c.eval.transfer_tasks >= len(tasks):
             return tasks
-        return _rng(c.corpus_seed, "transfer").sample(tasks, k=c.eval.transfer_tasks)
+        return stable_rng(c.corpus_seed, "transfer").sample(tasks, k=c.eval.transfer_tasks)
 
     def _tasks(self) -> tuple[list[Task], list[Task], list[Task]]:
         c = self.config
@@ -236,8 +224,10 @@ class Trial:
                              "add questions, or lower dev_fraction and test_fraction")
         # Fixed subsets (a function of the corpus seed only): every trial is scored on the same
         # tasks, so trials can be compared pairwise.
-        dev = _rng(c.corpus_seed, "dev").sample(dev_all, k=min(c.eval.dev_tasks, len(dev_all)))
-        test = _rng(c.corpus_seed, "test").sample(test_all, k=min(c.eval.test_tasks, len(test_all)))
+        dev = stable_rng(c.corpus_seed, "dev").sample(
+            dev_all, k=min(c.eval.dev_tasks, len(dev_all)))
+        test = stable_rng(c.corpus_seed, "test").sample(
+            test_all, k=min(c.eval.test_tasks, len(test_all)))
         return train, dev, test
 
     def _tokenizer_for(self, training: tinker.TrainingClient) -> Any:
@@ -440,7 +430,7 @@ class Trial:
         c = self.config
         started = time.time()
         pool = train[: c.sft.examples]
-        batch = _rng(c.seed, "sft", step).sample(pool, k=min(c.sft.batch_size, len(pool)))
+        batch = stable_rng(c.seed, "sft", step).sample(pool, k=min(c.sft.batch_size, len(pool)))
         datums, n_tokens = [], 0
         for task in batch:
             prompt = prompt_tokens(tokenizer, task, c.prompt_style, self._view)
@@ -476,8 +466,8 @@ class Trial:
         prompts = [prompt_tokens(tokenizer, task, c.prompt_style, self._view) for task in tasks]
         stop = list(STOP_SEQUENCES[c.prompt_style])
         # Round 0 keeps the seeds a step always had; later rounds add the round to them.
-        seeds = [_stable_seed(c.seed, step, i) if round_ == 0
-                 else _stable_seed(c.seed, step, round_, i) for i in range(len(tasks))]
+        seeds = [stable_seed(c.seed, step, i) if round_ == 0
+                 else stable_seed(c.seed, step, round_, i) for i in range(len(tasks))]
         sample_futures = [
             sampler.sample(
                 types.ModelInput.from_ints(prompt),
