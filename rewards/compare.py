@@ -192,11 +192,7 @@ def row_overlap(pred_rows: Sequence[Sequence[Any]], gold_rows: Sequence[Sequence
     pred, gold = canonical_rows(pred_rows), canonical_rows(gold_rows)
     if not pred or not gold or len(pred[0]) != len(gold[0]):
         return 0.0
-    common = sum((_bag(pred) & _bag(gold)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(pred), common / len(gold)
-    return 2 * precision * recall / (precision + recall)
+    return _bag_f1(_bag(pred), _bag(gold))
 
 
 def column_overlap(
@@ -219,7 +215,8 @@ def column_overlap(
     return matched / max(len(pred_cols), len(gold_cols))
 
 
-def _column_f1(pred: Counter, gold: Counter) -> float:
+def _bag_f1(pred: Counter, gold: Counter) -> float:
+    """F1 of two multisets (duplicates count)."""
     common = sum((pred & gold).values())
     if common == 0:
         return 0.0
@@ -246,7 +243,7 @@ def result_overlap(
     pred_cols = [_bag([(v,) for v in col]) for col in zip(*pred, strict=False)]
     gold_cols = [_bag([(v,) for v in col]) for col in zip(*gold, strict=False)]
     scored = sorted(
-        ((_column_f1(p, g), i, j)
+        ((_bag_f1(p, g), i, j)
          for i, g in enumerate(gold_cols) for j, p in enumerate(pred_cols)),
         key=lambda item: (-item[0], item[1], item[2]),
     )
@@ -266,4 +263,4 @@ def result_overlap(
     col_f1 = 2 * col_precision * col_recall / (col_precision + col_recall)
     pred_bag = _bag([tuple(row[pairs[i]] for i in order) for row in pred])
     gold_bag = _bag([tuple(row[i] for i in order) for row in gold])
-    return col_f1 * _column_f1(pred_bag, gold_bag)
+    return col_f1 * _bag_f1(pred_bag, gold_bag)

@@ -13,6 +13,7 @@ checkpoint redoes the lost steps exactly as they would have run.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import threading
@@ -70,7 +71,10 @@ class SampledGroup:
     def rewards(self) -> list[float]:
         return [r.total for r in self.scores]
 
+    @functools.cached_property
     def outcome(self) -> GroupOutcome:
+        """What the group said about its task (computed once: the draw, the picker and the
+        record all read it)."""
         return GroupOutcome(self.task.id, sum(r.correct for r in self.scores), len(self.scores),
                             not is_constant(self.rewards))
 
@@ -516,14 +520,14 @@ class Trial:
             groups = self._sample_groups(sampler, tokenizer, tasks, step, rounds)
             rounds += 1
             for group in groups:
-                signal = not is_constant(group.rewards)
+                signal = group.outcome.informative
                 use = signal if (rl.dynamic_sampling or rl.drop_constant_groups) else True
                 if rl.dynamic_sampling and kept >= want:
                     use = False
                 kept += int(use)
                 trains.append(use)
             drawn.extend(groups)
-            picker.observe(g.outcome() for g in groups)
+            picker.observe(g.outcome for g in groups)
             if not rl.dynamic_sampling or kept >= want or len(drawn) >= cap:
                 break
         capped = rl.dynamic_sampling and kept < want
@@ -553,7 +557,7 @@ class Trial:
         if reference is not None:
             reference_lps = completion_logprobs(reference, prompts, groups, used)
             timings["reference_s"] = time.time() - t_ref
-        trained = [(g, lps) for g, lps, use in zip(range(len(drawn)), behaviour, used) if use]
+        trained = [(g, lps) for g, (lps, use) in enumerate(zip(behaviour, used)) if use]
         step_sequences = sum(1 for g, _ in trained for seq in groups[g] if seq.tokens)
         step_tokens = sum(len(seq.tokens) for g, _ in trained for seq in groups[g])
         datums, sampled_lps = [], []
@@ -598,7 +602,7 @@ class Trial:
         used_tokens = sum(
             len(p) * len(g) + sum(len(s.tokens) for s in g) for p, g in zip(prompts, groups)
         )
-        informative = sum(1 for g in drawn if not is_constant(g.rewards))
+        informative = sum(g.outcome.informative for g in drawn)
         entry = self.record.append(
             "step",
             phase="rl",
@@ -619,7 +623,7 @@ class Trial:
             samples_drawn=sum(len(g) for g in groups),
             completion_tokens=sum(len(s.tokens) for g in groups for s in g),
             tokens=used_tokens,
-            groups=[g.outcome().as_list() for g in drawn],
+            groups=[g.outcome.as_list() for g in drawn],
             seconds={k: round(v, 3) for k, v in timings.items()},
             **metrics,
         )

@@ -573,8 +573,7 @@ def _signal_blocks(journal: Journal, trials: list[dict[str, Any]]) -> list[Block
         steps = by_trial.get(t["id"])
         if not steps:
             continue
-        metrics = [json.loads(s["metrics"]) if isinstance(s["metrics"], str) else
-                   (s["metrics"] or {}) for s in steps]
+        metrics = [s["metrics"] or {} for s in steps]  # the journal parses JSON columns
         used = [int(m.get("groups_used", 0)) for m in metrics]
         drawn = [int(m.get("groups_drawn", m.get("groups_used", 0)
                        + m.get("groups_dropped", 0))) for m in metrics]
