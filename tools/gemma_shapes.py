@@ -39,6 +39,17 @@ SHAPES: dict[str, dict[str, int]] = {
            "head_dim": 256, "sliding_window": 512},
 }
 """Gemma 3 270M's and 1B's published configurations (the dimensions that set the work)."""
+MULTIMODAL_SHAPES: dict[str, dict[str, int]] = {
+    "tiny-multimodal": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+                        "sliding_window": 32},
+    "4b": {"vocab_size": 262208, "hidden_size": 2560, "intermediate_size": 10240,
+           "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4,
+           "head_dim": 256, "sliding_window": 1024},
+}
+"""Gemma 3 as published from 4B up (`Gemma3ForConditionalGeneration`: the language model's
+config nested under `text_config`, beside a vision tower): the test suite's tiny one and 4B's
+language model (with a one-layer vision tower: the server never reads it)."""
 
 
 def train_tokenizer(corpus: list[str] | None = None):
@@ -100,16 +111,51 @@ def build_model(directory: Path, shape: str = "tiny", corpus: list[str] | None =
         with torch.device(device):
             model = Gemma3ForCausalLM(config)
         model.to(torch.bfloat16).save_pretrained(directory)
+    elif shape in MULTIMODAL_SHAPES:
+        _build_multimodal(directory, MULTIMODAL_SHAPES[shape], len(tokenizer), ids,
+                          max_position_embeddings, device)
     else:
-        raise ValueError(f"unknown shape {shape!r}: tiny or one of {sorted(SHAPES)}")
+        raise ValueError(f"unknown shape {shape!r}: tiny or one of "
+                         f"{sorted(SHAPES) + sorted(MULTIMODAL_SHAPES)}")
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def _build_multimodal(directory: Path, dims: dict[str, int], vocab: int, ids: dict[str, int],
+                      max_position_embeddings: int, device: str) -> None:
+    """A random `Gemma3ForConditionalGeneration` of these language-model dimensions."""
+    import torch
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig
+
+    text = dict(dims)
+    text.setdefault("vocab_size", vocab + 3)  # the image tokens' ids come after the tokenizer's
+    size = text["vocab_size"]
+    layers = text["num_hidden_layers"]
+    text_config = Gemma3TextConfig(
+        **text, query_pre_attn_scalar=text["head_dim"],
+        max_position_embeddings=max_position_embeddings,
+        layer_types=["full_attention" if (i + 1) % _SLIDING_PATTERN == 0 or i == layers - 1
+                     else "sliding_attention" for i in range(layers)],
+        initializer_range=0.2 if text["hidden_size"] < 256 else 0.02, **ids,
+    )
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "image_size": 28, "patch_size": 14}
+    # Image token ids past the tokenizer's own: a text-only client never sends them.
+    config = Gemma3Config(text_config=text_config.to_dict(), vision_config=vision,
+                          mm_tokens_per_image=4, image_token_index=size - 1,
+                          boi_token_index=size - 2, eoi_token_index=size - 3, **ids)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Gemma3ForConditionalGeneration(config)
+    if text["hidden_size"] >= 256:
+        model = model.to(torch.bfloat16)
+    model.save_pretrained(directory)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", type=Path)
-    parser.add_argument("--shape", default="tiny", choices=["tiny", *SHAPES])
+    parser.add_argument("--shape", default="tiny", choices=["tiny", *SHAPES, *MULTIMODAL_SHAPES])
     parser.add_argument("--device", default="cpu", help="where to initialise the weights")
     args = parser.parse_args(argv)
     build_model(args.directory, args.shape, device=args.device)

@@ -67,7 +67,8 @@ def write_snapshot(data_dir: Path, adapter: AdapterWeights, base_model: str) -> 
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
     save_file(adapter_tensors(adapter), str(staging / WEIGHTS))
-    (staging / CONFIG).write_text(json.dumps(peft_config(adapter.spec, base_model), indent=2))
+    config = peft_config(adapter.spec, base_model, adapter.a)
+    (staging / CONFIG).write_text(json.dumps(config, indent=2))
     return _publish(staging, root)
 
 

@@ -92,7 +92,8 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
         self.thread: EngineThread | None = None
         """The thread that loaded the model and will run the loop driving this engine, where
         `engine_thread.on_own_thread` built it (None: whichever thread calls it)."""
-        self.layers = wrap_model(self.model)
+        self.naming = loaded.naming
+        self.layers = wrap_model(self.model, self.naming.outside)
         config = self.model.config
         self.vocab_size = int(self.model.get_output_embeddings().out_features)
         self.max_context = int(max_context or getattr(config, "max_position_embeddings", 8192))

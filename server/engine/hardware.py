@@ -65,8 +65,37 @@ def _darwin_bf16() -> list[str]:
     return ["FEAT_BF16"] if out == "1" else []
 
 
-def choose_dtype(device: torch.device, features: list[str] | None = None) -> DtypeChoice:
-    """bf16 where the device multiplies it natively, fp32 where it would be emulated."""
+MPS_BF16_MACOS = (14, 0)
+"""Metal runs bf16 from macOS 14 (Sonoma); on earlier systems MPS refuses bf16 tensors."""
+
+
+def macos_version(release: str | None = None) -> tuple[int, ...] | None:
+    """This Mac's macOS version, None elsewhere (`release` as `platform.mac_ver()[0]` gives)."""
+    release = platform.mac_ver()[0] if release is None else release
+    try:
+        return tuple(int(part) for part in release.split(".")) if release else None
+    except ValueError:
+        return None
+
+
+def mps_bf16_refusal(release: str | None = None) -> str | None:
+    """Why MPS cannot compute bf16 on this system, or None when it can (or this is no Mac:
+    `--emulate-device mps` runs a current Mac's layout)."""
+    version = macos_version(release)
+    if version is None or version >= MPS_BF16_MACOS:
+        return None
+    shown = ".".join(str(v) for v in version)
+    return f"MPS computes bf16 only on macOS 14 or later (this Mac runs macOS {shown})"
+
+
+def choose_dtype(device: torch.device, features: list[str] | None = None,
+                 macos_release: str | None = None) -> DtypeChoice:
+    """bf16 where the device multiplies it natively, fp32 where it would be emulated (or, on a
+    Mac before macOS 14, refused)."""
+    if device.type == "mps":
+        refusal = mps_bf16_refusal(macos_release)
+        if refusal:
+            return DtypeChoice(torch.float32, f"{refusal}: float32")
     if device.type != "cpu":
         return DtypeChoice(torch.bfloat16, f"{device.type} computes bf16 natively")
     features = cpu_bf16_features() if features is None else features

@@ -193,12 +193,20 @@ def available_bytes(root: Path = CGROUP_ROOT, meminfo: Path = MEMINFO) -> int:
     """Memory this process could still take now: the kernel's `MemAvailable`, and under a cgroup
     limit no more than that limit's headroom."""
     available = _meminfo("MemAvailable", meminfo)
-    if available is None:
-        available = memory_limit_bytes(root, meminfo)
+    if available is None:  # no /proc (macOS): the system's own count of what it can give
+        available = _system_available() or memory_limit_bytes(root, meminfo)
     limit, usage = _cgroup_limit_and_usage(root)
     if limit and usage is not None:
         available = min(available, max(0, limit - usage))
     return available
+
+
+def _system_available() -> int | None:
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().available)
 
 
 def over_budget(fraction: float = KEPT_MEMORY_FRACTION, reserve: float = RESERVE_FRACTION,

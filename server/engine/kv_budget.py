@@ -3,8 +3,9 @@
 A decode row holds its KV cache (2 x layers x kv_heads x head_dim x capacity values, in the
 activation dtype) and a few vocabulary-wide fp32 rows (logits, probabilities, the draw). The
 batch is as wide as `KV_SHARE` of the memory available now allows, between `MIN_DECODE_ROWS` and
-`MAX_DECODE_ROWS`: on a GPU that is the free device memory (`torch.cuda.mem_get_info`), on the
-CPU and on Apple silicon's unified memory what the host has available (`host_memory`).
+`MAX_DECODE_ROWS`: on a GPU the free device memory with the allocator's unused cache, on Apple
+silicon Metal's headroom bounded by what the host has available, on the CPU what the host has
+available (`host_memory`).
 """
 
 from __future__ import annotations
@@ -36,11 +37,25 @@ def row_bytes(config: object, capacity: int, dtype: torch.dtype, vocab: int) -> 
 
 
 def free_bytes(device: torch.device) -> int:
-    """Memory a decode batch may draw on now, on `device`."""
+    """Memory a decode batch may draw on now, on `device`.
+
+    On CUDA, what the driver has free plus what PyTorch's allocator holds cached but unused
+    (its to reuse). On a Mac, the lesser of Metal's headroom (its recommended working set less
+    what the MPS allocator has taken) and what the host has available now: the memory is
+    unified, and JupyterLab, the browser and the notebook's kernel live in it too."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
-        return int(free)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(free) + max(0, int(cached))
+    if device.type == "mps":
+        return mps_free_bytes(torch.mps.recommended_max_memory(),
+                              torch.mps.driver_allocated_memory(), available_bytes())
     return available_bytes()
+
+
+def mps_free_bytes(recommended: int, allocated: int, host_available: int) -> int:
+    """What a decode batch may draw on under Metal: its headroom, and no more than the host's."""
+    return max(0, min(recommended - allocated, host_available))
 
 
 def decode_rows(config: object, capacity: int, dtype: torch.dtype, vocab: int,

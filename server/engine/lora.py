@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -246,8 +246,12 @@ class MultiLoRALinear(nn.Module):
         return ((x.to(a.dtype) @ a.T) * adapter.spec.scale) @ b.T
 
 
-def wrap_model(model: nn.Module) -> dict[str, MultiLoRALinear]:
-    """Wrap every LoRA-capable linear layer of `model` in place; returns them by name."""
+def wrap_model(model: nn.Module,
+               rename: Callable[[str], str] | None = None) -> dict[str, MultiLoRALinear]:
+    """Wrap every LoRA-capable linear layer of `model` in place; returns them by name.
+
+    `rename` gives each layer the name adapters know it by (the checkpoint architecture's,
+    where the model is a multimodal checkpoint's language model loaded alone)."""
     wanted = ATTN_MODULES + MLP_MODULES + UNEMBED_MODULES
     targets = [
         (name, module)
@@ -258,9 +262,10 @@ def wrap_model(model: nn.Module) -> dict[str, MultiLoRALinear]:
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        layer = MultiLoRALinear(module, name)
+        outside = rename(name) if rename else name
+        layer = MultiLoRALinear(module, outside)
         setattr(parent, child, layer)
-        wrapped[name] = layer
+        wrapped[outside] = layer
     return wrapped
 
 

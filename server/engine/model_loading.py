@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 
 from server.engine.devices import DeviceLayout, deterministic_kernels, layout_for
-from server.engine.hardware import DtypeChoice, choose_dtype
+from server.engine.hardware import DtypeChoice, choose_dtype, mps_bf16_refusal
 from server.engine.host_memory import keep_freed_memory
 from server.engine.lora import ATTN_MODULES, MLP_MODULES, UNEMBED_MODULES
+from server.engine.text_model import PLAIN, ModuleNaming, load_causal_lm
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ class LoadedModel:
     """The device whose numerics the model runs (another's when emulated); None: `device`'s."""
     deterministic: bool = False
     """CUDA's deterministic kernels are in force (`devices.deterministic_kernels`)."""
+    naming: ModuleNaming = PLAIN
+    """How the loaded model's module names map onto the checkpoint's own architecture (a
+    multimodal checkpoint's language model is loaded alone, see `text_model`)."""
 
 
 def default_cache_dir() -> Path:
@@ -89,6 +93,9 @@ def parse_dtype(name: str | None, device: torch.device) -> DtypeChoice:
         return choose_dtype(device)
     if name not in DTYPE_NAMES:
         raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(DTYPE_NAMES)}")
+    refusal = mps_bf16_refusal() if device.type == "mps" else None
+    if refusal and DTYPE_NAMES[name] == torch.bfloat16:
+        raise ValueError(f"--dtype {name}: {refusal}; serve float32 (or leave --dtype out)")
     return DtypeChoice(DTYPE_NAMES[name], f"requested with --dtype {name}")
 
 
@@ -220,7 +227,7 @@ def load_base_model(
 
     `emulate` ("cuda" or "mps") runs that device's layout on the CPU (`devices`): the model
     wholly in its dtype, as the device would hold it."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     started = time.perf_counter()
     if emulate and device not in (None, "", "auto", "cpu"):
@@ -248,9 +255,9 @@ def load_base_model(
     # On CPU a half-precision model keeps fp32 activations (measured: as fast, closer sampler
     # and trainer); accelerators run wholly in it, as their attention kernels expect.
     half = torch_dtype in (torch.bfloat16, torch.float16) and not layout.wholly_half
-    model = AutoModelForCausalLM.from_pretrained(
-        location, dtype=torch.float32 if half else torch_dtype
-    )
+    # Accelerators receive the weights as they are read; the CPU holds them where it reads them.
+    model, naming = load_causal_lm(location, torch.float32 if half else torch_dtype,
+                                   device_map=None if dev.type == "cpu" else str(dev))
     if half:
         low_precision_matmuls(model, torch_dtype)
     deterministic = deterministic_kernels(layout)
@@ -268,5 +275,5 @@ def load_base_model(
         origin += " (weights and matmul inputs; activations, attention and norms in float32)"
     return LoadedModel(
         model, tokenizer, name, dev, torch_dtype, seconds, source, origin, choice.reason,
-        layout, deterministic,
+        layout, deterministic, naming,
     )

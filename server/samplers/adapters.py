@@ -88,7 +88,7 @@ class AdapterPublisher:
             if known is not None and known[0]() is adapter and known[1] == fingerprint:
                 return known[2]
         tensors = adapter_tensors(adapter)
-        config = peft_config(adapter.spec, self.base_model)
+        config = peft_config(adapter.spec, self.base_model, adapter.a)
         name = NAME_PREFIX + content_digest(tensors, config)[:DIGEST_CHARS]
         published = PublishedAdapter(name, self.directory / name)
         if not self._complete(published.path):

@@ -27,7 +27,7 @@ import shutil
 import tempfile
 import threading
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,8 @@ from server.engine.lora import ATTN_MODULES, MLP_MODULES, UNEMBED_MODULES, Adapt
 KINDS = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
 LOADABLE_KINDS = ("weights", "sampler_weights")
 PEFT_PREFIX = "base_model.model."
+LANGUAGE_MODEL = ".language_model."
+"""Where a multimodal checkpoint's language model sits in its module names."""
 
 
 class CheckpointError(ValueError):
@@ -107,7 +109,18 @@ def now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat()
 
 
-def peft_config(spec: LoraSpec, base_model: str) -> dict[str, Any]:
+def peft_config(spec: LoraSpec, base_model: str,
+                module_names: Iterable[str] = ()) -> dict[str, Any]:
+    """The adapter's PEFT config. Where the modules live in a multimodal checkpoint's language
+    model (`module_names` say so), `target_modules` is a pattern that keeps PEFT off the vision
+    tower, whose attention layers carry the same suffixes."""
+    suffixes = sorted(spec.module_suffixes())
+    targets: list[str] | str = suffixes
+    if any(LANGUAGE_MODEL in name for name in module_names):
+        inner = "|".join(s for s in suffixes if s not in UNEMBED_MODULES)
+        alternatives = [rf"model\.language_model\..*\.({inner})"] if inner else []
+        alternatives += [s for s in suffixes if s in UNEMBED_MODULES]
+        targets = "^(" + "|".join(alternatives) + ")$"
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -116,7 +129,7 @@ def peft_config(spec: LoraSpec, base_model: str) -> dict[str, Any]:
         "lora_alpha": spec.alpha,
         "lora_dropout": 0.0,
         "bias": "none",
-        "target_modules": sorted(spec.module_suffixes()),
+        "target_modules": targets,
         "fan_in_fan_out": False,
         "init_lora_weights": True,
         "use_rslora": False,
@@ -125,7 +138,11 @@ def peft_config(spec: LoraSpec, base_model: str) -> dict[str, Any]:
 
 
 def spec_from_peft(config: dict[str, Any]) -> LoraSpec:
-    targets = set(config.get("target_modules") or [])
+    raw = config.get("target_modules") or []
+    if isinstance(raw, str):  # a pattern: the families it names
+        targets = {m for m in ATTN_MODULES + MLP_MODULES + UNEMBED_MODULES if m in raw}
+    else:
+        targets = set(raw)
     return LoraSpec(
         rank=int(config["r"]),
         train_attn=bool(targets & set(ATTN_MODULES)),
@@ -244,7 +261,7 @@ class CheckpointStore:
         try:
             save_file(adapter_tensors(adapter), str(staging / "adapter_model.safetensors"))
             (staging / "adapter_config.json").write_text(
-                json.dumps(peft_config(adapter.spec, base_model), indent=2)
+                json.dumps(peft_config(adapter.spec, base_model, adapter.a), indent=2)
             )
             if optimizer_state is not None:
                 torch.save(optimizer_state, staging / "optimizer.pt")

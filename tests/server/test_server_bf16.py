@@ -41,6 +41,29 @@ def test_the_dtype_follows_the_cpu_bf16_instructions():
         parse_dtype("float8", cpu)
 
 
+def test_a_mac_before_macos_14_serves_float32_and_refuses_bf16_by_name(monkeypatch):
+    mps = torch.device("mps")
+    old = hardware.choose_dtype(mps, macos_release="13.6.1")
+    assert old.dtype == torch.float32 and "macOS 14" in old.reason and "13.6.1" in old.reason
+    assert hardware.choose_dtype(mps, macos_release="14.2").dtype == torch.bfloat16
+    assert hardware.choose_dtype(mps, macos_release="").dtype == torch.bfloat16  # emulated
+    monkeypatch.setattr(hardware.platform, "mac_ver", lambda: ("13.6.1", ("", "", ""), "arm64"))
+    assert parse_dtype(None, mps).dtype == torch.float32
+    with pytest.raises(ValueError, match="macOS 14 or later"):
+        parse_dtype("bf16", mps)
+    assert parse_dtype("float32", mps).dtype == torch.float32
+
+
+def test_the_mac_decode_budget_is_metals_headroom_within_what_the_host_has():
+    from server.engine import kv_budget
+
+    gib = 1 << 30
+    assert kv_budget.mps_free_bytes(21 * gib, 5 * gib, 30 * gib) == 16 * gib
+    # JupyterLab and a browser hold most of the unified memory: the host's figure rules.
+    assert kv_budget.mps_free_bytes(21 * gib, 5 * gib, 3 * gib) == 3 * gib
+    assert kv_budget.mps_free_bytes(21 * gib, 22 * gib, 3 * gib) == 0
+
+
 @pytest.fixture(scope="module")
 def engines(tiny_model_dir) -> dict[str, Engine]:
     return {
