@@ -254,6 +254,7 @@ class DistributedService(TrainingService):
         def restore() -> None:
             self.residency.forget(run)
             run.spec, run.state = state.adapter.spec, state
+            run.optimizer = state.optimizer_type
             self.residency.adopt(run)
 
         self.scheduler.submit_control(Work(run_id, "restore", lambda *_: None, action=restore))

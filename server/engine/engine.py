@@ -19,9 +19,11 @@ import torch
 
 from server.engine import decoding, packed_attention, prefix_sharing
 from server.engine.devices import layout_for
+from server.engine.dimuon import OPTIMIZER_TYPES, Dimuon, optimizer_type
 from server.engine.engine_thread import EngineThread
 from server.engine.jobs import (
     AdamParams,
+    DimuonParams,
     EngineStats,
     ForwardBackwardJob,
     ForwardBackwardResult,
@@ -48,6 +50,7 @@ __all__ = [
     "DEFAULT_MAX_TOKENS",
     "MAX_DECODE_ROWS",
     "AdamParams",
+    "DimuonParams",
     "Engine",
     "EngineStats",
     "ForwardBackwardJob",
@@ -194,23 +197,31 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
 
 
     # ----------------------------------------------------------------- runs
-    def create_run(self, spec: LoraSpec, seed: int) -> RunState:
+    def create_run(self, spec: LoraSpec, seed: int, optimizer: str = "adamw") -> RunState:
         if not 1 <= spec.rank <= 512:
             raise UserError(f"LoRA rank must be between 1 and 512, got {spec.rank}")
         if not (spec.train_attn or spec.train_mlp or spec.train_unembed):
             raise UserError("at least one of train_attn, train_mlp, train_unembed must be true")
         adapter = new_adapter(self.layers, spec, seed, self.device)
-        return RunState(adapter, self._optimizer(adapter))
+        return RunState(adapter, self._optimizer(adapter, optimizer))
 
-    def _optimizer(self, adapter: AdapterWeights) -> torch.optim.AdamW:
+    def _optimizer(self, adapter: AdapterWeights, kind: str = "adamw") -> torch.optim.Optimizer:
+        if kind == "dimuon":
+            return Dimuon(adapter.parameters(), rank=adapter.spec.rank)
+        if kind != "adamw":
+            raise UserError(f"optimizer type must be one of {OPTIMIZER_TYPES}, got {kind!r}")
         return torch.optim.AdamW(
             adapter.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0
         )
 
-    def restore_run(self, adapter: AdapterWeights, optimizer_state: dict | None) -> RunState:
+    def restore_run(self, adapter: AdapterWeights, optimizer_state: dict | None,
+                    optimizer: str = "adamw") -> RunState:
+        """A run from saved weights; its optimizer is the saved state's where there is one,
+        else a fresh `optimizer`."""
         for tensor in adapter.parameters():
             tensor.requires_grad_(True)
-        state = RunState(adapter, self._optimizer(adapter))
+        kind = optimizer_type(optimizer_state) or optimizer
+        state = RunState(adapter, self._optimizer(adapter, kind))
         if optimizer_state is not None:
             state.optimizer.load_state_dict(optimizer_state)
         if not _all_finite(adapter.parameters()):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from server.engine.dimuon import Dimuon
 from server.engine.lora import AdapterWeights
 from server.protocol.codec import Datum, SampleResult
 
@@ -35,15 +36,29 @@ class AdamParams:
 
 
 @dataclass
+class DimuonParams:
+    """One Dimuon step's parameters (`dimuon`; Tinker's `DimuonParams`, version 1)."""
+
+    learning_rate: float = 1e-4
+    grad_clip_norm: float = 0.0
+    beta1: float = 0.9
+
+
+@dataclass
 class RunState:
     """What the engine holds for one training run: its adapter and its own optimizer."""
 
     adapter: AdapterWeights
-    optimizer: torch.optim.AdamW
+    optimizer: torch.optim.Optimizer
     steps: int = 0
     nonfinite: str | None = None
     """Why the run's weights are not finite (set when weights were loaded so); such a run
     refuses training until a checkpoint is loaded into it."""
+
+    @property
+    def optimizer_type(self) -> str:
+        """`dimuon` or `adamw`: the family this run's optimizer belongs to."""
+        return "dimuon" if isinstance(self.optimizer, Dimuon) else "adamw"
 
 
 @dataclass

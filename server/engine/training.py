@@ -16,8 +16,10 @@ import numpy as np
 import torch
 
 from server.engine import losses
+from server.engine.dimuon import Dimuon
 from server.engine.jobs import (
     AdamParams,
+    DimuonParams,
     ForwardBackwardJob,
     ForwardBackwardResult,
     NonFiniteRun,
@@ -214,8 +216,10 @@ class Training:
             if needs_grad and total.requires_grad:
                 total.backward()
 
-    def optim_step(self, state: RunState, params: AdamParams) -> dict[str, float]:
-        """One AdamW step on this run only; its gradient norm is clipped on its own gradients.
+    def optim_step(self, state: RunState,
+                   params: AdamParams | DimuonParams) -> dict[str, float]:
+        """One step of the run's own optimizer (AdamW or Dimuon, chosen when the run was
+        created) on this run only; its gradient norm is clipped on its own gradients.
 
         A step is all or nothing: gradients that are not finite are refused before anything
         moves, and a step whose result is not finite anyway is undone, so weights and AdamW
@@ -225,6 +229,15 @@ class Training:
         started = time.perf_counter()
         if state.nonfinite is not None:
             raise NonFiniteRun(state.nonfinite)
+        dimuon = isinstance(state.optimizer, Dimuon)
+        if dimuon != isinstance(params, DimuonParams):
+            made, sent = ("Dimuon", "AdamW") if dimuon else ("AdamW", "Dimuon")
+            wanted = "DimuonParams" if dimuon else "AdamParams"
+            raise UserError(
+                f"optim_step refused: this run was created with the {made} optimizer and the "
+                f"step sent {sent} parameters; send {wanted} (the optimizer is fixed when the "
+                "training client is created)"
+            )
         tensors = state.adapter.parameters()
         grads = [t for t in tensors if t.grad is not None]
         clip = params.grad_clip_norm if params.grad_clip_norm > 0 else math.inf
@@ -240,16 +253,20 @@ class Training:
         saved = _snapshot(state) if grads else None
         for group in state.optimizer.param_groups:
             group["lr"] = params.learning_rate
-            group["betas"] = (params.beta1, params.beta2)
-            group["eps"] = params.eps
-            group["weight_decay"] = params.weight_decay
+            if isinstance(params, DimuonParams):
+                group["beta1"] = params.beta1
+            else:
+                group["betas"] = (params.beta1, params.beta2)
+                group["eps"] = params.eps
+                group["weight_decay"] = params.weight_decay
         state.optimizer.step()
         state.optimizer.zero_grad(set_to_none=True)
         if saved is not None and not _all_finite(tensors):
             _restore(state, saved)
             raise UserError(
                 "optim_step refused: the step would make the weights non-finite "
-                f"(learning_rate={params.learning_rate}, weight_decay={params.weight_decay}); "
+                f"(learning_rate={params.learning_rate}, "
+                f"weight_decay={getattr(params, 'weight_decay', 0.0)}); "
                 "it was undone and the weights and optimizer state are unchanged"
             )
         state.steps += 1

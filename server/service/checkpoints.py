@@ -5,11 +5,13 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from server.engine.dimuon import optimizer_type
 from server.engine.engine import UserError
 from server.engine.lora import LoraSpec
 from server.protocol.futures import FutureRecord
 from server.scheduling.scheduler import Work
 from server.service.errors import NotFound
+from server.service.optim_params import parse_optimizer_config
 from server.service.ordering import RunOrdering
 from server.service.records import Run, Sampler
 from server.service.request_fields import flag, integer, metadata, optional_integer
@@ -101,7 +103,8 @@ class CheckpointRequests(RunOrdering):
             adapter, opt_state, _ = self.store.load(path, self.engine.device, with_optimizer)
             self.residency.forget(run)
             run.spec = adapter.spec
-            run.state = self.engine.restore_run(adapter, opt_state)
+            run.state = self.engine.restore_run(adapter, opt_state, run.optimizer)
+            run.optimizer = optimizer_type(opt_state) or run.optimizer
             self.residency.adopt(run)
             return {"path": str(path), "model_id": run.run_id, "type": "load_weights"}
 
@@ -127,7 +130,9 @@ class CheckpointRequests(RunOrdering):
             raise UserError(f"model_seq_id {body['model_seq_id']} was already used in this session")
         source_meta = self.store.read_run(path.run_id) or {}
         user_metadata = metadata(body.get("user_metadata")) or source_meta.get("user_metadata")
-        run = Run(run_id, owner, self.base_model, LoraSpec(rank=1), dict(user_metadata or {}))
+        requested = parse_optimizer_config(body.get("optimizer_config"))
+        run = Run(run_id, owner, self.base_model, LoraSpec(rank=1), dict(user_metadata or {}),
+                  optimizer=requested)
         self.runs[run_id] = run
         session.run_ids.append(run_id)
         self.scheduler.open_stream(run_id)
@@ -135,7 +140,8 @@ class CheckpointRequests(RunOrdering):
         def load() -> dict[str, Any]:
             adapter, opt_state, _ = self.store.load(path, self.engine.device, with_optimizer)
             run.spec = adapter.spec
-            run.state = self.engine.restore_run(adapter, opt_state)
+            run.state = self.engine.restore_run(adapter, opt_state, requested)
+            run.optimizer = optimizer_type(opt_state) or requested
             self.residency.adopt(run)
             self._persist_run(run)
             return {"path": str(path), "model_id": run_id, "type": "load_weights"}

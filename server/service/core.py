@@ -265,6 +265,7 @@ class ServiceCore:
                 "train_attn": run.spec.train_attn,
                 "train_mlp": run.spec.train_mlp,
                 "train_unembed": run.spec.train_unembed,
+                "optimizer": run.optimizer,
                 "user_metadata": str_metadata(run.user_metadata),
                 "created": now_iso(),
             },

@@ -53,6 +53,8 @@ class Run:
     last_request: str = field(default_factory=now_iso)
     spill_path: Path | None = None
     last_used: float = field(default_factory=time.monotonic)
+    optimizer: str = "adamw"
+    """The optimizer family chosen when the run was created (`adamw` or `dimuon`)."""
 
 
 @dataclass

@@ -85,6 +85,7 @@ class SamplingRequests(ServiceCore):
             if chunk.get("type", "encoded_text") != "encoded_text":
                 raise UserError(f"{chunk.get('type')} chunks are not supported by this text model")
             tokens.extend(integer(t, "prompt token") for t in chunk.get("tokens") or [])
+        refuse_unserved_fields(body)
         raw = body.get("sampling_params") or {}
         stop = raw.get("stop")
         if isinstance(stop, str):
@@ -156,3 +157,24 @@ class SamplingRequests(ServiceCore):
             done(result, error)
 
         return record_then_finish
+
+
+UNSERVED_SAMPLE_FIELDS = {
+    "topk_sample_logprobs": "top-k logprobs of sampled tokens",
+    "target_prompt_logprobs": "logprobs of chosen tokens at prompt positions",
+    "prompt_alt_tokens_k": "alternative tokens drawn at prompt positions",
+}
+"""Fields of SDK 0.38's `SampleRequest` this server does not serve. A request that asks for
+one is refused with its name: answering without the data would let a client compute on
+values that never came (the SDK itself only notices some of them)."""
+
+
+def refuse_unserved_fields(body: dict[str, Any]) -> None:
+    """Refuse a sample request that asks for what the server does not compute."""
+    for name, what in UNSERVED_SAMPLE_FIELDS.items():
+        value = body.get(name)
+        if value is not None and value is not False and value != 0:
+            raise UserError(
+                f"{name} ({what}) is not served by this server; send the request without it "
+                "(prompt_logprobs and topk_prompt_logprobs are served)"
+            )

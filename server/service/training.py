@@ -16,7 +16,11 @@ from server.protocol.futures import FutureRecord
 from server.scheduling.scheduler import Work
 from server.service.core import ServiceCore
 from server.service.errors import USER_ERRORS
-from server.service.optim_params import parse_adam_params
+from server.service.optim_params import (
+    optimizer_config,
+    parse_optim_params,
+    parse_optimizer_config,
+)
 from server.service.ordering import RunOrdering
 from server.service.records import Run
 from server.service.request_fields import flag, integer, metadata, optional_integer
@@ -38,19 +42,21 @@ class TrainingRequests(RunOrdering):
             train_mlp=flag(lora.get("train_mlp", True), "lora_config.train_mlp"),
             train_unembed=flag(lora.get("train_unembed", True), "lora_config.train_unembed"),
         )
+        optimizer = parse_optimizer_config(body.get("optimizer_config"))
         seed = optional_integer(lora.get("seed"), "lora_config.seed")
         if seed is None:
             seed = int(np.random.SeedSequence().entropy % 2**31)
         run_id = f"{session.session_id}:train:{integer(body['model_seq_id'], 'model_seq_id')}"
         if run_id in self.runs:
             raise UserError(f"model_seq_id {body['model_seq_id']} was already used in this session")
-        run = Run(run_id, owner, self.base_model, spec, metadata(body.get("user_metadata")))
+        run = Run(run_id, owner, self.base_model, spec, metadata(body.get("user_metadata")),
+                  optimizer=optimizer)
         self.runs[run_id] = run
         session.run_ids.append(run_id)
         self.scheduler.open_stream(run_id)
 
         def create() -> dict[str, Any]:
-            run.state = self.engine.create_run(spec, seed)
+            run.state = self.engine.create_run(spec, seed, optimizer)
             self.residency.adopt(run)
             self._persist_run(run)
             return {"model_id": run_id, "type": "create_model"}
@@ -75,7 +81,7 @@ class TrainingRequests(RunOrdering):
             "is_lora": True,
             "lora_rank": run.spec.rank,
             "model_name": run.base_model,
-            "optimizer_config": {"type": "adamw"},
+            "optimizer_config": optimizer_config(run.optimizer),
             "type": "get_info",
         }
 
@@ -164,7 +170,7 @@ class TrainingRequests(RunOrdering):
         run = self._run(owner, body["model_id"])
         seq_id = optional_integer(body.get("seq_id"), "seq_id")
         with self._refusal_keeps_order(owner, run, seq_id, "optim_step"):
-            params = parse_adam_params(body)
+            params = parse_optim_params(body, run.optimizer)
 
         def step() -> dict[str, Any]:
             return {"metrics": self.engine.optim_step(self._require_state(run), params)}
