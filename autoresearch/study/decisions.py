@@ -89,11 +89,14 @@ class ErrorBudget:
 
     @classmethod
     def journaled(cls, data: dict) -> ErrorBudget | None:
-        """The budget of a re-declaration, as its `error budget` event recorded it (None for
-        an event that records a first declaration: that one follows from the spec)."""
-        if not data.get("used"):
+        """The budget in force, as an `error budget` event recorded it (None for an event that
+        recorded no budget). A re-declaration before any confirmation records the first
+        alpha with nothing spent: that budget, not the re-declared one, still holds when the
+        study resumes again under the same re-declaration."""
+        if "alpha" not in data or "confirmations" not in data:
             return None
-        return cls(data["alpha"], data["confirmations"], data["spent"], data["used"])
+        return cls(float(data["alpha"]), int(data["confirmations"]),
+                   float(data.get("spent") or 0.0), int(data.get("used") or 0))
 
     def redeclared(self, first_alpha: float, spent: float, used: int) -> ErrorBudget:
         """This declaration's budget for a study that already decided `used` confirmations,

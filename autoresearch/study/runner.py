@@ -282,7 +282,7 @@ class StudyRunner:
                            latest.get("declared_confirmations", latest.get("confirmations")))
             if as_declared == (declared.alpha, declared.confirmations):
                 earlier = ErrorBudget.journaled(latest)
-                if earlier is not None:  # the budget of an earlier re-declaration still holds
+                if earlier is not None:  # the budget in force when it was declared still holds
                     self._use_budget(earlier)
                 return
             done = [d for d in self.journal.decisions() if d["rule"] == "confirmation"]

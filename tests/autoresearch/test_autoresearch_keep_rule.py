@@ -235,6 +235,28 @@ def test_a_redeclared_budget_spends_only_what_is_left_of_the_first(tmp_path: Pat
     assert "Error budget re-declared" in (tmp_path / "report.md").read_text()
 
 
+def test_a_budget_raised_before_any_confirmation_stays_raised_by_nothing_on_a_second_resume(
+    tmp_path: Path,
+):
+    space = {"rl.adam.learning_rate": {"choices": [5e-5, 2e-4, 1e-4, 3e-4]}}
+    budget = {"max_trials": 1, "confirm_seeds": 1, "max_confirm_trials": 2, "alpha": 0.05}
+    executor = SyntheticExecutor(
+        lambda c: 0.3 if c.rl.adam.learning_rate == 5e-5 else 0.7, tasks=96)
+
+    def run(**change) -> None:
+        study = Study(name="raised", search_space=space, budget={**budget, **change})
+        run_study(study, tmp_path, executor=executor)
+
+    run()
+    run(alpha=0.2)  # before any confirmation: still 0.05
+    run(alpha=0.2, max_trials=2)  # the same re-declaration again, now with a confirmation
+    journal = Journal(tmp_path, read_only=True)
+    budgets = [e["data"] for e in journal.events() if e["kind"] == "error budget"]
+    assert [b["alpha"] for b in budgets] == [0.05, 0.05]
+    decided = [d for d in journal.decisions() if d["rule"] == "confirmation"]
+    assert decided and all(d["alpha"] <= 0.05 for d in decided)
+
+
 def test_a_study_says_what_it_can_detect_before_it_starts(tmp_path: Path):
     from autoresearch.study.decisions import detectable_before_start
 
