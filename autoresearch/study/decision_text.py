@@ -44,7 +44,14 @@ def decision_text(decision: Mapping[str, Any]) -> str:
     pooled = f" over {seeds} seeds" if seeds > 1 else ""
     evidence = interval_text(decision)
     high = decision.get("high")
-    if verdict == "kept":
+    if rule == "first look" and verdict != "kept":
+        # One run of the candidate against the incumbent's runs, over tasks: its interval
+        # leaves the run's own luck out, so it says nothing "beyond noise" about the config.
+        mean = f"the mean of {seeds} runs of {against}'s config" if seeds > 1 else against
+        ahead = "behind" if high is not None and high < 0 else "not ahead of"
+        text = (f"discarded: its one run was {ahead} {mean} on the first look, not enough to "
+                "confirm it (the interval is over tasks for that one run)")
+    elif verdict == "kept":
         text = f"kept: better than {against} beyond noise{pooled}"
     elif high is not None and high < 0:
         text = f"discarded: worse than {against} beyond noise{pooled}"
@@ -53,9 +60,6 @@ def decision_text(decision: Mapping[str, Any]) -> str:
     elif rule == "confirmation":
         text = (f"discarded: the fresh re-runs did not confirm it better than {against} "
                 f"beyond noise{pooled}")
-    elif rule == "first look":
-        mean = f"the mean of {seeds} runs of {against}'s config" if seeds > 1 else against
-        text = f"discarded: not ahead of {mean} enough on the first look to confirm it"
     else:
         text = f"discarded: not better than {against} beyond noise{pooled}"
     if evidence:

@@ -196,23 +196,22 @@ def _against_warmup_blocks(trials: list[dict[str, Any]],
         gain = against_warmup(t, warmup)
         if gain is None or warmup is None:
             continue
-        word = ("worse beyond noise" if gain.high < 0 else
-                "better beyond noise" if gain.low > 0 else "not different beyond noise")
+        word = ("behind on its run" if gain.high < 0 else
+                "ahead on its run" if gain.low > 0 else "no difference over tasks")
         (worse if gain.high < 0 else better if gain.low > 0 else []).append(t["id"])
         rows.append([t["id"], t["status"], _acc(t), warmup["id"], _diff(gain), word])
     if not rows:
         return []
-    summary = (f"RL made the model worse than the warm-up it started from, beyond noise, in "
-               f"{len(worse)} of {len(rows)} trials ({', '.join(worse)}). " if worse else "")
+    summary = (f"One run each, over tasks: RL's run scored below the warm-up it started from "
+               f"in {len(worse)} of {len(rows)} trials ({', '.join(worse)}). " if worse else "")
     if better:
-        summary += f"RL beat the warm-up beyond noise in {', '.join(better)}. "
+        summary += f"RL's run scored above the warm-up in {', '.join(better)}. "
     summary = _base_runs_against_warmup(trials) + summary
     if best is not None and best["id"] in worse:
-        summary += ("The best config is worse than stopping after the warm-up: this study's "
-                    "RL did not pay for itself.")
+        summary += ("The best config's run scored below stopping after the warm-up; whether "
+                    "its config does is for runs as the unit (above) to say.")
     elif best is not None and best["id"] not in better:
-        summary += ("The best config is not better than the warm-up beyond noise: RL's gain, "
-                    "if any, is not shown.")
+        summary += "The best config's run did not score above the warm-up over tasks."
     return [Block("h2", "Against the warm-up"), Block("p", (
         "Below, each trial's dev score minus that of the warm-up checkpoint it started from, "
         "paired per task, 95% CI: one run each, so a row leaves that run's luck out. "

@@ -121,6 +121,11 @@ def test_on_a_terminal_each_running_trial_has_its_own_bar():
       "high": 0.2, "n": 24, "note": "inconclusive and no confirmation budget left: discarded"},
      "discarded: not better than t0001 beyond noise (difference +0.050 [-0.100, +0.200], "
      "24 pairs); inconclusive and no confirmation budget left"),
+    ({"verdict": "discarded", "rule": "first look", "against": "t0001", "value": -0.083,
+      "low": -0.148, "high": -0.019, "n": 48, "seeds": 3},
+     "discarded: its one run was behind the mean of 3 runs of t0001's config on the first "
+     "look, not enough to confirm it (the interval is over tasks for that one run) "
+     "(difference -0.083 [-0.148, -0.019], 48 pairs)"),
     ({"verdict": "kept", "rule": "reference", "note": "the baseline is the first reference"},
      "kept as the reference (the baseline is the first reference)"),
 ])
