@@ -193,12 +193,25 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
 
     @app.get("/readyz")
     async def readyz() -> Response:
-        """Readiness: the engine thread is alive and not stuck while work waits for it."""
+        """Readiness: the engine thread is alive and not stuck while work waits for it. Where
+        this process is the only one serving the API (one GPU), a long call should not take it
+        out of its Service: probe readiness with `/api/v1/healthz` there and liveness with
+        `/livez`."""
         stalled = service.scheduler.stalled_seconds()
         if stalled > service.scheduler.stall_limit:
             reason = "engine stalled" if stalled < float("inf") else "engine thread stopped"
             return JSONResponse({"status": reason}, 503)
         return JSONResponse({"status": "ready"})
+
+    @app.get("/livez")
+    async def livez() -> Response:
+        """Liveness: the engine thread runs and has not been stuck past `hang_limit` while work
+        waits (a call that long is a hang, not a long batch): otherwise restart the process."""
+        stalled = service.scheduler.stalled_seconds()
+        if stalled > service.scheduler.hang_limit:
+            reason = "engine hung" if stalled < float("inf") else "engine thread stopped"
+            return JSONResponse({"status": reason}, 503)
+        return JSONResponse({"status": "alive"})
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -137,6 +137,9 @@ class Scheduler:
         """When the engine loop last came round (it does at least every `maintenance_seconds`)."""
         self.stall_limit = 120.0
         """Seconds without a tick while work waits after which the engine counts as stuck."""
+        self.hang_limit = 1800.0
+        """Seconds without a tick while work waits after which the engine counts as hung (the
+        process should be restarted): far past any one batch's time."""
         self._thread = start_loop(engine, self._loop, "engine")  # where the model was loaded
 
     # ------------------------------------------------------------ submission

@@ -305,9 +305,12 @@ def test_server_processes_probe_readyz_for_readiness_and_healthz_for_liveness(re
         if spec is None or role not in server_roles:
             continue
         process = next(c for c in spec["containers"] if c["name"] == role)
-        assert process["readinessProbe"]["httpGet"]["path"] == "/readyz", name_of(overlay, obj)
-        assert process["livenessProbe"]["httpGet"]["path"] == "/api/v1/healthz", \
-            name_of(overlay, obj)
+        ready = process["readinessProbe"]["httpGet"]["path"]
+        alive = process["livenessProbe"]["httpGet"]["path"]
+        if role == "server":  # the only API pod: a long call must not empty its Service
+            assert (ready, alive) == ("/api/v1/healthz", "/livez"), name_of(overlay, obj)
+        else:
+            assert (ready, alive) == ("/readyz", "/api/v1/healthz"), name_of(overlay, obj)
         for c in spec["containers"]:
             assert "readinessProbe" in c and "livenessProbe" in c, f"{name_of(overlay, obj)} {c}"
         seen.add(role)
@@ -471,11 +474,15 @@ def test_redis_admits_only_the_processes_that_use_it(rendered):
 def test_long_running_services_have_disruption_budgets_and_the_gateway_autoscales(rendered):
     for overlay in SERVER_OVERLAYS:
         docs = rendered[overlay]
-        budgets = [o["spec"]["selector"] for o in docs if o["kind"] == "PodDisruptionBudget"]
+        budgets = [o["spec"] for o in docs if o["kind"] == "PodDisruptionBudget"]
         for obj in docs:
             if obj["kind"] in {"Deployment", "StatefulSet"}:
                 labels = obj["spec"]["template"]["metadata"]["labels"]
-                assert any(selects(b, labels) for b in budgets), name_of(overlay, obj)
+                mine = [b for b in budgets if selects(b["selector"], labels)]
+                assert mine, name_of(overlay, obj)
+                if obj["spec"].get("replicas") == 1:  # a node drain must be able to evict it
+                    assert all(b.get("maxUnavailable", 0) >= 1 and "minAvailable" not in b
+                               for b in mine), name_of(overlay, obj)
     gateway = next(o for o in rendered["split"] if o["kind"] == "Deployment"
                    and o["metadata"]["name"] == "autoresearch-gateway")
     assert "replicas" not in gateway["spec"], "the HPA owns the gateway's replica count"
@@ -544,3 +551,15 @@ def test_nothing_writes_under_a_read_only_mount(rendered):
     assert root in mounts and not mounts[root].get("readOnly")
     assert root in {m["mountPath"] for m in vllm["volumeMounts"]}
     assert mounts["/data"]["readOnly"] is True
+
+
+def test_redis_memory_is_bounded_below_its_limit_and_never_evicts_queued_work(rendered):
+    redis = next(o for o in rendered["split"] if o["kind"] == "StatefulSet"
+                 and o["metadata"]["name"] == "autoresearch-redis")
+    (container,) = pod_spec(redis)["containers"]
+    args = container["args"]
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+    bound = args[args.index("--maxmemory") + 1]
+    assert bound.endswith("mb")
+    limit = container["resources"]["limits"]["memory"]
+    assert limit.endswith("Gi") and int(bound[:-2]) < int(limit[:-2]) * 1024

@@ -178,12 +178,16 @@ def test_single_process_readyz_fails_while_the_engine_is_stuck_with_work_queued(
             assert stuck.status_code == 503
             assert stuck.json()["status"] == "engine stalled"
             assert httpx.get(reference_server.url + "/api/v1/healthz").status_code == 200
+            assert httpx.get(reference_server.url + "/livez").status_code == 200  # not a hang
+            scheduler.hang_limit = 0.3
+            hung = httpx.get(reference_server.url + "/livez")
+            assert hung.status_code == 503 and hung.json()["status"] == "engine hung"
             probe.release()
             held.result(timeout=60)
             queued.result(timeout=60)
             assert httpx.get(reference_server.url + "/readyz").status_code == 200
     finally:
-        scheduler.stall_limit = 120.0
+        scheduler.stall_limit, scheduler.hang_limit = 120.0, 1800.0
         probe.restore()
 
 
