@@ -4,8 +4,10 @@ A cache entry is keyed by its config and by this scope: where it ran (`warmup.se
 the code that computes its numbers (the engine, the samplers, the rewards, the corpus, the
 trial loop and the evaluation, hashed file by file) and the environment that ran it (the CPU
 model and the instruction sets that choose kernels, the cores, the packages whose kernels or
-parsers run, and for a named server its model, dtype, device and invariance). A changed engine,
-corpus, dtype or CPU gives another scope, so the entry is trained afresh rather than read.
+parsers run; for the embedded server the device, dtype and thread count it would run with and
+the engine's switches; for a named server its model, dtype, device and invariance). A changed
+engine, corpus, dtype or CPU gives another scope, so the entry is trained afresh rather than
+read.
 """
 
 from __future__ import annotations
@@ -20,9 +22,16 @@ from typing import Any
 
 from autoresearch.study.environment import cpu_facts, package_versions, server_facts
 
-NUMBER_CODE = ("server.engine", "server.samplers", "rewards", "sqltasks", "autoresearch.rl",
-               "autoresearch.evaluation")
-"""Packages whose code decides a trial's numbers."""
+NUMBER_CODE = ("server.engine", "server.samplers", "server.service", "server.scheduling",
+               "server.protocol", "server.storage", "server.entrypoints", "rewards", "sqltasks",
+               "autoresearch.rl", "autoresearch.evaluation")
+"""Packages whose code decides a trial's numbers: the engine, and the layers that decide what
+reaches it (which requests are fused, how tensors are encoded, how checkpoints load, how the
+embedded server is configured)."""
+ENGINE_ENV = ("AUTORESEARCH_BATCH_INVARIANT", "AUTORESEARCH_DETERMINISTIC",
+              "AUTORESEARCH_SHARE_PREFIXES", "AUTORESEARCH_DEVICE_SAMPLING",
+              "AUTORESEARCH_TOKENS_PER_MICROBATCH", "OMP_NUM_THREADS")
+"""Environment variables that change an embedded engine's kernels or batching."""
 CODE_SUFFIXES = (".py", ".json", ".jsonl", ".sql", ".yaml", ".yml", ".csv", ".txt")
 KERNEL_PACKAGES = ("torch", "transformers", "numpy", "duckdb", "sqlglot", "tinker")
 """Packages whose version changes the numbers (kernels, tokenizers, SQL parsing)."""
@@ -70,7 +79,25 @@ def environment_facts(server_url: str | None, api_key: str) -> dict[str, Any]:
     }
     if server_url:
         facts["server"] = server_facts(server_url, api_key)
+    else:
+        facts["embedded"] = embedded_facts()
     return facts
+
+
+def embedded_facts() -> dict[str, Any]:
+    """What an embedded server started here would run on: its device and dtype as the engine
+    chooses them, torch's thread count, and the engine's switches set in the environment."""
+    import os
+
+    import torch
+
+    from server.engine.hardware import choose_dtype
+    from server.engine.model_loading import pick_device
+
+    device = pick_device(None)
+    return {"device": device.type, "dtype": choose_dtype(device).name,
+            "threads": torch.get_num_threads(),
+            "switches": {k: os.environ[k] for k in ENGINE_ENV if k in os.environ}}
 
 
 def numbers_scope(place: str, server_url: str | None, api_key: str) -> str:

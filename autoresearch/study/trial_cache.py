@@ -13,9 +13,9 @@ check of a cached trial is itself a trial (a 0-step trial from that checkpoint) 
 the same way, so the test split is not scored again either.
 
 Only trials that ran to the end are stored; a pruned, stopped or crashed trial is run afresh
-next time. Entries are keyed by a hash of the config without its name, the server scope and
-this package's version; clear the cache directory after changing the code in a way that
-changes outcomes.
+next time. Entries are keyed by a hash of the config without its name and by the numbers'
+scope (`cache_scope`: where it ran, the code that computes the numbers and the environment),
+so changed code or another machine trains afresh.
 
     cache/<key>/entry.json                what it was (config, checkpoint, when)
     cache/<key>/record.jsonl              the trial's record, as it ran

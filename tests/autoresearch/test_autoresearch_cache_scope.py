@@ -51,12 +51,22 @@ def test_the_real_code_digest_covers_the_engine_rewards_and_corpus():
     roots = {name: cache_scope._package_root(name) for name in cache_scope.NUMBER_CODE}
     assert all(root is not None and root.is_dir() for root in roots.values()), roots
     assert (roots["server.engine"] / "invariant_attention.py").exists()
+    for layer in ("server.service", "server.scheduling", "server.entrypoints"):
+        assert layer in roots  # what reaches the engine, and how the embedded server starts
+
+
+def test_the_embedded_facts_are_this_machines():
+    facts = cache_scope.embedded_facts()
+    assert facts["device"] == "cpu" and facts["dtype"] in ("float32", "bfloat16")
+    assert facts["threads"] >= 1 and isinstance(facts["switches"], dict)
 
 
 def _scope(monkeypatch: pytest.MonkeyPatch, *, flags=("avx2",), cores=2, torch="2.13.0",
-           server: dict | None = None) -> str:
+           server: dict | None = None, embedded: dict | None = None) -> str:
     monkeypatch.setattr(cache_scope, "cpu_facts", lambda: {
         "model": "Some CPU", "flags": list(flags), "cores": cores, "machine": "x86_64"})
+    here = {"device": "cpu", "dtype": "float32", "threads": 2, "switches": {}}
+    monkeypatch.setattr(cache_scope, "embedded_facts", lambda: {**here, **(embedded or {})})
     monkeypatch.setattr(cache_scope, "_versions", lambda: {"torch": torch, "duckdb": "1.0"})
     monkeypatch.setattr(cache_scope, "server_facts", lambda url, key: dict(server or {}))
     url = "http://server:8000" if server is not None else None
@@ -71,6 +81,11 @@ def test_the_scope_changes_with_what_changes_the_numbers(monkeypatch: pytest.Mon
         "cores": _scope(monkeypatch, cores=16),
         "torch": _scope(monkeypatch, torch="2.14.1"),
         "a named server": _scope(monkeypatch, server={"dtype": "float32"}),
+        "the embedded server on a GPU": _scope(monkeypatch, embedded={"device": "cuda"}),
+        "the embedded server in bf16": _scope(monkeypatch, embedded={"dtype": "bfloat16"}),
+        "the embedded server's threads": _scope(monkeypatch, embedded={"threads": 1}),
+        "an engine switch": _scope(monkeypatch, embedded={
+            "switches": {"AUTORESEARCH_BATCH_INVARIANT": "0"}}),
     }
     assert len(set(changed.values()) | {base}) == len(changed) + 1, changed
     bf16 = _scope(monkeypatch, server={"dtype": "bfloat16", "device": "cuda"})
