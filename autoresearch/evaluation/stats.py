@@ -302,7 +302,7 @@ def run_accuracies(runs: Sequence[Outcomes], tasks: Sequence[str]) -> np.ndarray
     return np.array([np.mean([float(run[t]) for t in tasks]) for run in runs])
 
 
-def _run_spread(sd: float, mean: float, tasks: int) -> float:
+def floored_run_spread(sd: float, mean: float, tasks: int) -> float:
     """A run-to-run SD never below the binomial noise of one run's answers on `tasks` tasks
     at accuracy `mean`: runs that score alike are no proof of a spread of zero. The accuracy
     is taken half a task from 0 and 1, so runs that all score 0 (or 1) still have a width."""
@@ -364,7 +364,7 @@ def run_level_test(candidate: Sequence[Outcomes], incumbent: Sequence[Outcomes],
         if df <= 0:
             return float("nan"), 0
         squares = sum(float(((a - a.mean()) ** 2).sum()) for a in parts)
-        return _run_spread(math.sqrt(squares / df), float(np.concatenate(parts).mean()),
+        return floored_run_spread(math.sqrt(squares / df), float(np.concatenate(parts).mean()),
                            len(tasks)), df
 
     sd_c, df_c = spread(accuracies[:1])
@@ -400,7 +400,7 @@ def run_mean(runs: Sequence[Outcomes], alpha: float = 0.05, clip: bool = True) -
         return wilson(sum(bool(v) for v in run.values()), len(run))
     accuracies = run_accuracies(runs, tasks)
     mean = float(accuracies.mean())
-    sd = _run_spread(float(accuracies.std(ddof=1)), mean, len(tasks))
+    sd = floored_run_spread(float(accuracies.std(ddof=1)), mean, len(tasks))
     half = float(student_t.ppf(1 - alpha / 2, len(runs) - 1)) * sd / math.sqrt(len(runs))
     if not clip:
         return Estimate(mean, mean - half, mean + half, len(runs))
@@ -430,7 +430,7 @@ def runs_and_questions_mean(runs: Sequence[Outcomes], alpha: float = 0.05) -> Es
     ms_error = float((resid ** 2).sum()) / ((r - 1) * (q - 1))
     combined = max(ms_runs + ms_tasks - ms_error, ms_runs, ms_tasks)
     if combined <= 0:  # every answer alike: a question's binomial noise, shrunk off 0 and 1
-        combined = _run_spread(0.0, mean, q) ** 2 * r * q
+        combined = floored_run_spread(0.0, mean, q) ** 2 * r * q
     terms = (ms_runs ** 2 / (r - 1) + ms_tasks ** 2 / (q - 1)
              + ms_error ** 2 / ((r - 1) * (q - 1)))
     df = combined ** 2 / terms if terms > 0 else float(r - 1)

@@ -209,11 +209,13 @@ def detectable_before_start(dev_tasks: int, run_sd: float, seed_bank: int,
     source = "the declared" if run_sd else "an assumed"
     return (f"Before the study: with {dev_tasks} dev tasks, {confirm_seeds} confirmation "
             f"run(s) a side and one-sided p <= {budget.per_confirmation:.4g} per confirmation, "
-            f"a confirmation finds a true dev gain of about +{gain:.3f} with 80% power when a "
-            f"run's dev accuracy varies by {spread:.3f} (the larger of {source} run-to-run SD "
-            f"{run_sd or ASSUMED_RUN_SD:.3f} and one run's answer noise on {dev_tasks} tasks, "
-            f"{answer_noise:.3f}); smaller gains are mostly discarded. More dev tasks or more "
-            "confirmation runs a side find smaller ones.")
+            f"a confirmation, once reached, finds a true dev gain of about +{gain:.3f} with 80% "
+            f"power when a run's dev accuracy varies by {spread:.3f} (the larger of {source} "
+            f"run-to-run SD {run_sd or ASSUMED_RUN_SD:.3f} and one run's answer noise on "
+            f"{dev_tasks} tasks, {answer_noise:.3f}); smaller gains are mostly discarded. The "
+            "study's own chance of keeping such a change is lower: its first looks must pick "
+            "the change out first, on one run each (bench/bench_keep_rule.py measures both). "
+            "More dev tasks or more confirmation runs a side find smaller ones.")
 
 
 def keep_rule_for(budget: ConfirmationBudget) -> KeepRule:

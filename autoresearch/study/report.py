@@ -17,6 +17,7 @@ from typing import Any, Literal
 from autoresearch.evaluation.stats import (
     Estimate,
     detectable_gain,
+    floored_run_spread,
     paired_difference,
     paired_exact_test,
     run_level_test,
@@ -74,8 +75,9 @@ def _paired(a: dict[str, Any] | None, b: dict[str, Any] | None, split: str) -> E
 
 
 def _runs_cell(runs: list) -> str:
-    """A config's accuracy over its runs, its interval over runs and questions alike (what
-    another run on other questions of the same kind would score)."""
+    """A config's accuracy over its runs, with a confidence interval for its mean accuracy
+    over runs and questions alike (its expected accuracy on questions of the same kind; not a
+    prediction of what one more run would score)."""
     est = runs_and_questions_mean(runs)
     what = f"mean of {len(runs)} runs" if len(runs) > 1 else "1 run"
     return f"{est.value:.3f} [{est.low:.3f}, {est.high:.3f}] ({what})"
@@ -262,13 +264,18 @@ def _seed_bank_blocks(trials: list[dict[str, Any]], budget: dict[str, Any]) -> l
     if sd is not None:
         rule = KeepRule(ErrorBudget.for_study(budget["alpha"], budget["confirm_seeds"],
                                               budget["max_confirm_trials"]))
-        gain = detectable_gain(sd, len(scores) - 1, budget["confirm_seeds"],
+        tasks = len((bank[0].get("dev") or {}).get("verdicts") or {})
+        tested = floored_run_spread(sd, statistics.fmean(scores), tasks) if tasks else sd
+        gain = detectable_gain(tested, len(scores) - 1, budget["confirm_seeds"],
                                rule.budget.per_confirmation)
         if gain is not None:
             power = (f" With {budget['confirm_seeds']} re-run(s) a side at alpha "
-                     f"{rule.budget.per_confirmation:.4g}, a confirmation finds a true dev gain "
-                     f"of about {gain:.3f} with 80% power (from the bank alone; the re-runs add "
-                     "degrees of freedom); smaller gains are mostly missed.")
+                     f"{rule.budget.per_confirmation:.4g}, a confirmation, once reached, finds "
+                     f"a true dev gain of about {gain:.3f} with 80% power (the spread the test "
+                     f"uses, {tested:.3f}: this one, never below a run's answer noise; from the "
+                     "bank alone, the re-runs add degrees of freedom); smaller gains are mostly "
+                     "missed, and the study's chance of keeping one is lower still (its first "
+                     "looks must pick it out).")
     return [Block("h2", "Run-to-run noise (seed bank)"), Block("p", (
         f"The base config on {len(bank)} seeds scored {runs} on dev: {spread}. A first look "
         "compares a candidate with the mean of these runs, not with one of them. A "
@@ -344,10 +351,12 @@ def build(journal: Journal) -> list[Block]:
             "split", f"base config (baseline {baseline['id'] if baseline else '-'})",
             f"best config ({best['id']})", "best - base (95% CI)"], rows=rows))
         if any(row[0].endswith(")") and "runs" in row[0] for row in rows):
-            blocks.append(Block("p", "A config's accuracy over several runs has a 95% interval "
-                                "over runs and questions alike (what another run would score "
-                                "on other questions of the same kind); its difference from the "
-                                "base config is paired on the same questions, over runs."))
+            blocks.append(Block("p", "A config's accuracy over several runs has a 95% "
+                                "confidence interval for its mean, with runs and questions both "
+                                "sampled (the config's expected accuracy on questions of the "
+                                "same kind; one more run would scatter more widely than this); "
+                                "its difference from the base config is paired on the same "
+                                "questions, over runs."))
         if not same and test_gain is not None and not unfinished_study:
             verdict = ("improves" if test_gain.low > 0 else "hurts" if test_gain.high < 0
                        else "does not measurably change")

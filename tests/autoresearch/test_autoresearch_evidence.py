@@ -69,6 +69,7 @@ def test_the_seed_bank_runs_the_base_config_on_the_studys_own_seeds(tmp_path: Pa
     report = outcome.report.read_text()
     assert "Run-to-run noise (seed bank)" in report
     assert "finds a true dev gain of about" in report and "with 80% power" in report
+    assert "never below a run's answer noise" in report and "once reached" in report
 
 
 def test_the_detectable_gain_grows_with_run_luck_and_shrinks_with_seeds():
