@@ -68,14 +68,17 @@ DETERMINISTIC_ENV = "AUTORESEARCH_DETERMINISTIC"
 
 
 def deterministic_kernels(layout: DeviceLayout) -> bool:
-    """Ask CUDA for deterministic kernels (a fixed cuBLAS workspace, no atomic adds in the
-    backward of `index_select` and friends), so the same seeds give the same bits run after run
-    on one GPU and one batch composition. This is reproducibility, not batch invariance. On an
-    H200 it cost 19-28% of decoding throughput (`bench/device_check.py`);
-    `AUTORESEARCH_DETERMINISTIC=0` turns it off. True when in force."""
-    if layout.emulated or layout.kind != "cuda" or os.environ.get(DETERMINISTIC_ENV) == "0":
+    """With `AUTORESEARCH_DETERMINISTIC=1`, ask CUDA for deterministic kernels (a fixed cuBLAS
+    workspace, no atomic adds in the backward of `index_select` and friends), so the same seeds
+    give the same bits run after run on one GPU and one batch composition. This is
+    reproducibility, not batch invariance, and it is opt-in: on an H200 it cost 19-28% of
+    decoding throughput (`bench/device_check.py`). Fresh allocations are not NaN-filled (torch
+    does so by default under deterministic algorithms): every tensor the engine reads is
+    written first. True when in force; `get_info`'s `deterministic` says so."""
+    if layout.emulated or layout.kind != "cuda" or os.environ.get(DETERMINISTIC_ENV) != "1":
         return False
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
     torch.backends.cudnn.benchmark = False
     return True

@@ -89,6 +89,22 @@ def test_the_cpu_claims_invariance_and_the_layout_rules_are_checked(tiny_model_d
     assert real.wholly_half and real.invariance_mechanism is None and not real.emulated
 
 
+def test_deterministic_kernels_are_opt_in_on_cuda_and_leave_allocations_unfilled(monkeypatch):
+    real = devices.layout_for(torch.device("cuda"))
+    monkeypatch.delenv(devices.DETERMINISTIC_ENV, raising=False)
+    assert not devices.deterministic_kernels(real)  # the default: throughput first
+    assert not devices.deterministic_kernels(devices.layout_for(torch.device("cpu"), "cuda"))
+    monkeypatch.setenv(devices.DETERMINISTIC_ENV, "1")
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    try:
+        assert devices.deterministic_kernels(real)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.utils.deterministic.fill_uninitialized_memory
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.utils.deterministic.fill_uninitialized_memory = True
+
+
 def _with_records(data: list[Datum]) -> list[Datum]:
     """`stable_reinforce`'s inputs, as the server fills them from the sampling record."""
     for datum in data:
