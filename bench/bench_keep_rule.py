@@ -63,7 +63,7 @@ from autoresearch.study.confirmation import (  # noqa: E402
     test_arms,
 )
 from autoresearch.study.decisions import KeepRule, keep_rule_for  # noqa: E402
-from autoresearch.study.spec import Study  # noqa: E402
+from autoresearch.study.spec import Budget, Study  # noqa: E402
 
 Z95 = 1.959963984540054
 SIGMA_TASK, SIGMA_INTERACTION, SIGMA_SEED = 1.5, 0.5, 0.1
@@ -363,9 +363,10 @@ def main() -> None:
     parser.add_argument("--effects", type=float, nargs="+", default=[0.0, 0.05, 0.10])
     parser.add_argument("--run-sds", type=float, nargs="+", default=[0.0, 2.0, 3.0, 4.0],
                         help="run-to-run SDs of dev accuracy, in points (add a seed bank's)")
-    parser.add_argument("--confirm-seeds", type=int, default=2)
-    parser.add_argument("--max-confirm-trials", type=int, default=8)
-    parser.add_argument("--seed-bank", type=int, default=3)
+    defaults = Budget()  # the product's own budget unless told otherwise
+    parser.add_argument("--confirm-seeds", type=int, default=defaults.confirm_seeds)
+    parser.add_argument("--max-confirm-trials", type=int, default=defaults.max_confirm_trials)
+    parser.add_argument("--seed-bank", type=int, default=defaults.seed_bank)
     parser.add_argument("--test-seeds", type=int, default=2,
                         help="fresh runs per arm for the test check (with --test-check)")
     parser.add_argument("--test-check", action="store_true",
