@@ -1,4 +1,4 @@
-"""Counting host synchronisations inside a model's layer loop.
+"""Counting host synchronisations inside a model's layer loop, or anywhere in a block of code.
 
 On CUDA and MPS every `.item()`, `int(tensor)`, `bool(tensor)`, `.tolist()`, `nonzero`,
 `unique`, boolean-mask indexing or copy to the host waits for the device to finish what it was
@@ -62,3 +62,12 @@ def syncs_inside_layers(layers: list[torch.nn.Module]) -> Iterator[Counter]:
     finally:
         for handle in handles:
             handle.remove()
+
+
+@contextlib.contextmanager
+def syncs_during() -> Iterator[Counter]:
+    """Count syncing calls made anywhere while the block runs (forward and backward alike):
+    for a pass with no layer loop, such as the output head's."""
+    seen: Counter = Counter()
+    with _Watch(seen, [True]):
+        yield seen

@@ -223,9 +223,8 @@ class _FusedHead(torch.autograd.Function):
         stats = []
         for first, stop in vocab_blocks(weight.shape[0]):
             z = soft_cap(block_logits(hidden, weight, first, stop, deltas, lows), cap, True)
-            inside = ((tgt >= first) & (tgt < stop)).nonzero(as_tuple=True)[0]
-            if len(inside):
-                picked[inside] = z[pos[inside], tgt[inside] - first]
+            inside, column = _in_block(tgt, first, stop)
+            picked = torch.where(inside, z[pos, column], picked)
             stats.append(_block_stats(z, inplace=True))
         top, log_sum = _combine(stats)
         ctx.save_for_backward(hidden, pos, tgt, weight, top, log_sum, *factors, *lows)
@@ -256,10 +255,9 @@ class _FusedHead(torch.autograd.Function):
                 # d(capped)/d(logit) = 1 - tanh^2, read off the capped logits before they go.
                 slope = torch.addcmul(one, z, z, value=-1.0 / ctx.cap**2) if ctx.cap else None
                 dz = z.sub_(log_norm[:, None]).exp_().mul_(-per_position[:, None])
-                inside = ((tgt >= first) & (tgt < stop)).nonzero(as_tuple=True)[0]
-                if len(inside):
-                    dz.index_put_((pos[inside], tgt[inside] - first), grad[inside].float(),
-                                  accumulate=True)
+                inside, column = _in_block(tgt, first, stop)
+                dz.index_put_((pos, column), torch.where(inside, grad.float(), 0.0),
+                              accumulate=True)
                 if slope is not None:
                     dz.mul_(slope)
                 if needs[0]:
@@ -280,6 +278,14 @@ class _FusedHead(torch.autograd.Function):
                       None if d_b[k] is None else d_b[k].to(d.b.dtype)]
         d_x = d_hidden.to(hidden.dtype) if needs[0] else None
         return (d_x, None, None, None, None, None, *grads)
+
+
+def _in_block(tgt: torch.Tensor, first: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which targets fall in vocabulary rows `first:stop`, and each target's column there
+    (clamped into the block for those that do not, whose reads and writes are masked): masks
+    instead of `nonzero`, so no block waits for the device to tell the host a count."""
+    inside = (tgt >= first) & (tgt < stop)
+    return inside, (tgt - first).clamp_(0, stop - first - 1)
 
 
 def _deltas(

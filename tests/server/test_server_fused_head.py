@@ -122,6 +122,19 @@ def test_no_positions_by_vocabulary_fp32_tensor_in_forward_or_backward(monkeypat
     assert plain.largest >= POSITIONS * VOCAB  # what the fused pass avoids
 
 
+def test_the_fused_head_never_waits_on_the_device_in_forward_or_backward(monkeypatch):
+    """Per-block target picks and scatters are masked, not `nonzero`-indexed: on a GPU no
+    block makes the host wait (the CPU makes the same calls, so they are counted here)."""
+    from tools.host_syncs import syncs_during
+
+    monkeypatch.setattr(fused_head, "VOCAB_BLOCK", 250)
+    hidden, weight, deltas, pos, tgt = operands(torch.float32)
+    with syncs_during() as seen:
+        values = fused_head.fused_logprobs(hidden, pos, tgt, weight, CAP, deltas)
+        values.sum().backward()
+    assert not seen, seen
+
+
 def test_the_normalisers_one_pass_gives_the_bits_of_block_by_block(monkeypatch):
     monkeypatch.setattr(fused_head, "VOCAB_BLOCK", 100)
     g = torch.Generator().manual_seed(2)
