@@ -167,6 +167,10 @@ def _held_out_row(trials: list[dict[str, Any]], best: dict[str, Any],
                     _diff(gain) + " over runs"]
         return [f"{split} (runs read)", _mean_acc(arms[1]), _mean_acc(arms[0]),
                 _diff(gain) + " over tasks"]
+    unread = _fresh_runs_not_read(trials)
+    if unread and not same:
+        return [split, "-", "-", f"not read: fresh run(s) {', '.join(unread)} did not finish "
+                "(see the journal; `autoresearch resume` runs the check again)"]
     runs = _scored_runs(trials, best["config_key"], split)
     if same and len(runs) > 1:
         return [f"{split} (runs)", _runs_cell(runs), _runs_cell(runs), "-"]
@@ -174,6 +178,13 @@ def _held_out_row(trials: list[dict[str, Any]], best: dict[str, Any],
         return None
     return [split, _acc(baseline, split), _acc(best, split),
             "-" if same else _diff(_paired(best, baseline, split))]
+
+
+def _fresh_runs_not_read(trials: list[dict[str, Any]]) -> list[str]:
+    """The final check's fresh runs that crashed or stopped, when an arm was left unread by
+    them: a test row must say why it is empty rather than show a dash."""
+    return [t["id"] for t in trials
+            if t["role"] == "fresh" and t["status"] in ("crashed", "stopped")]
 
 
 def with_transfer(trials: list[dict[str, Any]], events: list[dict[str, Any]]

@@ -209,6 +209,22 @@ def test_without_test_seeds_the_check_reads_the_confirmation_runs_and_says_so(tm
     assert "though their luck is what kept it" in report
 
 
+def test_a_fresh_run_that_did_not_finish_is_named_in_the_test_row(tmp_path: Path):
+    from autoresearch.study.report import write_report
+
+    study = _learning_rate_study("fresh-crash", confirm_seeds=2, max_confirm_trials=4,
+                                 test_seeds=1)
+    run_study(study, tmp_path, executor=SyntheticExecutor(_faster_is_better, tasks=96))
+    journal = Journal(tmp_path)
+    fresh = [t for t in journal.trials() if t["role"] == "fresh"]
+    assert fresh
+    journal.update_trial(fresh[0]["id"], status="crashed", test=None, test_accuracy=None)
+    del journal
+    report = write_report(tmp_path).read_text()
+    row = next(line for line in report.splitlines() if line.startswith("| test"))
+    assert f"not read: fresh run(s) {fresh[0]['id']} did not finish" in row
+
+
 def test_a_redeclared_budget_spends_only_what_is_left_of_the_first(tmp_path: Path):
     space = {"rl.adam.learning_rate": {"choices": [5e-5, 2e-4, 1e-4, 3e-4]}}
     first = Study(name="redeclared", search_space=space,
