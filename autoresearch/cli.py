@@ -154,16 +154,30 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_holdout(args: argparse.Namespace) -> int:
-    """Score the frozen held-out split once and append the read to its ledger."""
+    """Score the frozen held-out split once and append the read to its ledger, after the
+    ledger's rules allow it: an intact chain, committed code, the recipe's budget not spent."""
+    from autoresearch.rl import holdout_ledger
     from autoresearch.rl.checkpoint_eval import report_lines
-    from autoresearch.rl.holdout_ledger import append, entry, reads
+    from autoresearch.rl.record import CONFIG_FILE
 
-    ledger = args.ledger
-    print(f"the held-out split has been read {len(reads(ledger))} time(s) before (ledger "
-          f"{ledger})")
+    ledger = holdout_ledger.ledger_path()
+    source = args.trial / CONFIG_FILE if args.trial is not None else args.config
+    config = TrialConfig.from_file(source) if source is not None else TrialConfig()
+    if args.base_model is not None:
+        config = config.with_changes({"base_model": args.base_model})
+    recipe = holdout_ledger.recipe_key(config, None if source else args.checkpoint)
+    try:
+        before = len(holdout_ledger.reads(ledger))
+        code = holdout_ledger.committed_code()
+        left = holdout_ledger.check_budget(recipe, ledger)
+    except holdout_ledger.LedgerRefused as refused:
+        raise SystemExit(f"held-out read refused: {refused}") from None
+    print(f"the held-out split has been read {before} time(s) before (ledger {ledger}); "
+          f"recipe {recipe} has {left} of {holdout_ledger.READS_PER_RECIPE} reads left")
     answer, _ = _score(args, "holdout", None)
     print("\n".join(report_lines(answer, 0)))
-    count = append(entry(answer, ["autoresearch", *args.argv], args.note), ledger)
+    line = holdout_ledger.entry(answer, ["autoresearch", *args.argv], args.note, recipe, code)
+    count = holdout_ledger.append(line, ledger)
     print(f"appended to {ledger}: read {count}")
     return 0
 
@@ -380,8 +394,6 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--worst", type=int, default=5, help="failures printed")
     scoring.set_defaults(func=cmd_eval)
 
-    from sqltasks.holdout.split import LEDGER
-
     held = sub.add_parser(
         "holdout", help="score the frozen held-out split once, appending the read to its ledger",
         description="The one command that reads the frozen held-out split (hand-written "
@@ -401,7 +413,6 @@ def build_parser() -> argparse.ArgumentParser:
         held.add_argument(flag, default=None)
     held.add_argument("--data-dir", type=Path, default=None)
     held.add_argument("--note", default=None, help="why this read (kept in the ledger)")
-    held.add_argument("--ledger", type=Path, default=LEDGER, help="the ledger to append to")
     # No task source to choose: the split is the frozen one (`_eval_config` reads these).
     held.set_defaults(func=cmd_holdout, database=[], questions=None, spider=None, bird=None,
                       corpus=None, dialect=None, split_seed=None)

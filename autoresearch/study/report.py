@@ -31,6 +31,7 @@ from autoresearch.study.confirmation import (
     config_runs,
     dev_arms,
     held_out_gain,
+    test_arms,
     test_verdicts,
     warmup_of,
 )
@@ -237,13 +238,37 @@ def _base_runs_against_warmup(trials: list[dict[str, Any]], split: str = "dev") 
     """The base config's runs (baseline, seed bank, re-runs) against the warm-up they forked
     from, with runs as the unit: the sentence to quote about whether RL beat the warm-up."""
     baseline = next((t for t in trials if t["role"] == "baseline"), None)
-    warmup = warmup_of(baseline, trials) if baseline is not None else None
+    if baseline is None:
+        return ""
+    return _runs_against_warmup(trials, baseline, _scored_runs(trials, baseline["config_key"],
+                                                               split), "the base config", split)
+
+
+def _arms_against_warmup(trials: list[dict[str, Any]], best: dict[str, Any], split: str) -> str:
+    """On test or transfer: each config whose runs the final check read, against the warm-up.
+    After a keep these are the fresh runs of both arms; with nothing kept, the base config's."""
+    baseline = next((t for t in trials if t["role"] == "baseline"), None)
+    if baseline is None or best["id"] == baseline["id"]:
+        return _base_runs_against_warmup(trials, split)
+    said = []
+    for arm, who in zip(test_arms(trials, best["id"]),
+                        (f"the best config ({best['id']})", "the base config"), strict=True):
+        read = [t[split]["verdicts"] for t in arm if (t.get(split) or {}).get("verdicts")]
+        said.append(_runs_against_warmup(trials, baseline, read, who, split)
+                    or f"No run of {who} was read on {split}, so it is not set against the "
+                       "warm-up. ")
+    return "".join(said)
+
+
+def _runs_against_warmup(trials: list[dict[str, Any]], forked: dict[str, Any],
+                         verdicts: list[dict[str, bool]], who: str, split: str) -> str:
+    """One config's runs on `split` against the warm-up `forked` started from: a mean over runs
+    minus the warm-up's one read, the interval unclipped so that the difference is honest."""
+    warmup = warmup_of(forked, trials)
     start = ((warmup or {}).get(split) or {}).get("verdicts")
     if not start:
         return ""
-    runs = [{k: v for k, v in verdicts.items() if k in start}
-            for verdicts in _scored_runs(trials, baseline["config_key"], split)]
-    runs = [r for r in runs if r]
+    runs = [r for r in ({k: ok for k, ok in one.items() if k in start} for one in verdicts) if r]
     if not runs:
         return ""
     tasks = sorted(set.intersection(*(set(r) for r in runs)))
@@ -253,8 +278,9 @@ def _base_runs_against_warmup(trials: list[dict[str, Any]], split: str = "dev") 
     word = ("beat" if gain.low > 0 else "fell below" if gain.high < 0 else
             "did not differ beyond noise from")
     over = (f"a 95% t-interval over its {len(runs)} runs, each run's luck included"
-            if len(runs) > 1 else "one run: its luck is not included")
-    return (f"With runs as the unit, the base config's RL {word} the warm-up ({warmup['id']}): "
+            if len(runs) > 1 else "one run: its luck is not included, so this cannot speak "
+            "for the config")
+    return (f"With runs as the unit, {who}'s RL {word} the warm-up ({warmup['id']}): "
             f"mean {split} accuracy {est.value:.3f} over {len(runs)} run(s) against {base:.3f}, "
             f"a difference of {_diff(gain)} ({over}). ")
 
@@ -395,11 +421,11 @@ def build(journal: Journal) -> list[Block]:
                                     f"({_diff(test_gain)}). With one run on a side the "
                                     "interval holds the draws of the answers but not the "
                                     "luck of the runs: it is narrower than the truth."))
-        on_test = _base_runs_against_warmup(trials, "test")
+        on_test = _arms_against_warmup(trials, best, "test")
         if on_test and not unfinished_study:
             blocks.append(Block("p", "On the test split, read once with the warm-up beside "
                                 "them: " + on_test.strip()))
-        on_transfer = _base_runs_against_warmup(trials, "transfer")
+        on_transfer = _arms_against_warmup(trials, best, "transfer")
         if on_transfer and not unfinished_study:
             blocks.append(Block("p", "On the transfer split (hand-written questions on "
                                 "databases no corpus has), read in the same check: "
@@ -437,8 +463,12 @@ def build(journal: Journal) -> list[Block]:
                      f"{t['wall_seconds']:.0f}" if t["wall_seconds"] else "-", t["proposer"],
                      _changes(t)])
     blocks.append(Block("table", headers=["#", "trial", "status", "dev accuracy [95% CI]",
-                                          "vs baseline", "steps", "tokens", "wall s",
-                                          "proposer", "changes"], rows=rows))
+                                          "vs baseline run (tasks)", "steps", "tokens",
+                                          "wall s", "proposer", "changes"], rows=rows))
+    blocks.append(Block("p", "Each row is one run. Its difference from the baseline's run is "
+                        "paired over dev tasks: it holds the draws of the answers, not the luck "
+                        "of the runs, so it cannot speak for a config; the Result's rows over "
+                        "runs do."))
 
     series = []
     all_steps: dict[str, list[dict[str, Any]]] = {}

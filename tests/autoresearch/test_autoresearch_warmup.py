@@ -236,3 +236,32 @@ def test_with_nothing_kept_the_seed_bank_meets_the_warmup_on_test_with_runs_as_t
     assert re.search(r"\| transfer \(runs\) \| 0\.\d{3} \[.*\] \(mean of 3 runs\) \|", report)
     assert re.search(r"On the transfer split .*read in the same check: .*mean transfer "
                      r"accuracy 0\.\d{3} over 3 run\(s\)", report)
+
+
+def test_after_a_keep_both_fresh_arms_meet_the_warmup_on_test_and_transfer(tmp_path: Path):
+    """With a change kept, the final check reads fresh runs of the best and the base config;
+    each arm is set against the warm-up on test and on transfer, runs as the unit."""
+    def quality(config: TrialConfig) -> float:  # the warm-up; a faster learner; the rest
+        if config.rl.steps == 0:
+            return 0.4
+        return 0.3 if config.rl.adam.learning_rate == TrialConfig().rl.adam.learning_rate else 0.8
+
+    study = Study(name="keep-vs-warmup",
+                  search_space={"rl.adam.learning_rate": {"choices": [1e-4, 2e-4]}},
+                  base_trial={"sft": {"steps": 0}, "rl": {"steps": 4},
+                              "eval": {"every": 0, "transfer_tasks": 40}},
+                  warmup={"sft": {"steps": 3, "batch_size": 4},
+                          "cache_dir": str(tmp_path / "cache")},
+                  budget={"max_trials": 2, "confirm_seeds": 1, "max_confirm_trials": 2,
+                          "test_seeds": 2})
+    outcome = run_study(study, tmp_path / "a", executor=SyntheticExecutor(quality, tasks=96))
+    assert outcome.best["role"] == "explore"  # kept
+    journal = Journal(tmp_path / "a", read_only=True)
+    assert journal.trial("warmup")["test"]
+    report = outcome.report.read_text()
+    best = outcome.best["id"]
+    for split in ("test", "transfer"):
+        for who in (rf"the best config \({best}\)", "the base config"):
+            assert re.search(rf"With runs as the unit, {who}'s RL [a-z ]+ the warm-up "
+                             rf"\(warmup\): mean {split} accuracy 0\.\d{{3}} over 2 run\(s\)",
+                             report), (split, who)
