@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from autoresearch.rl.config import TrialConfig
+from autoresearch.study.expected_time import Machine, expected_time_lines
 
 
 @contextlib.contextmanager
@@ -263,8 +264,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     study = Study.from_file(args.study)
     directory = Path(args.out or study.directory())
     _clear_control(directory)
+    embedded = study.server_url is None and not os.environ.get("TINKER_BASE_URL")
+    for line in expected_time_lines(study.expected_time, _this_machine() if embedded else None):
+        print(line, flush=True)
     return _run_unattended(lambda display: run_study(study, args.out, progress=display),
                            directory)
+
+
+def _this_machine() -> Machine:
+    """What an embedded server would run on here, as its engine would choose."""
+    import torch
+
+    from server.engine.hardware import choose_dtype
+    from server.engine.model_loading import pick_device
+
+    device = pick_device(None)
+    choice = choose_dtype(device)
+    return Machine(device.type, str(choice.dtype).removeprefix("torch."),
+                   torch.get_num_threads(), choice.reason)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

@@ -11,21 +11,18 @@ than one batch: a cut round decodes its stragglers in a second batch at part of 
 and through the SDK a day's greedy rate was 142 tokens/s with cut rounds against 195 without
 (`bench/decode_results.md`). The quiet is also what a lone request waits before it starts.
 
-    python bench/bench_arrival_gaps.py [--rounds 40] [--prompts 48] [--max-tokens 8]
+    python -m bench.bench_arrival_gaps [--rounds 40] [--prompts 48] [--max-tokens 8]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_multirun import bench_server, loadavg, quiet  # noqa: E402
+from bench.bench_multirun import bench_server, loadavg, quiet
 
 WINDOWS = ((0.01, 0.05), (0.03, 0.3), (0.05, 0.3), (0.1, 0.3), (0.15, 0.3), (0.2, 0.5))
 """(quiet, at most) seconds: the earlier windows, the default, and wider ones."""

@@ -23,8 +23,8 @@ The rate is the useful work (the body over each group's prompt once and its comp
 head over completion positions) per second, against this machine's matmul rate for the same
 mix measured in the same run.
 
-    python bench/bench_behaviour.py                 # embedded Gemma 3 270M on CPU
-    python bench/bench_behaviour.py --steps 3 --used 0.25
+    python -m bench.bench_behaviour                 # embedded Gemma 3 270M on CPU
+    python -m bench.bench_behaviour --steps 3 --used 0.25
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
-import sys
 import tempfile
 import time
 import warnings
@@ -40,12 +39,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_roofline import Shapes, roofline  # noqa: E402
-
-from autoresearch.evaluation.evaluate import prompt_tokens  # noqa: E402
-from autoresearch.rl.trial import behaviour_logprobs  # noqa: E402
-from sqltasks import STOP_SEQUENCES, load_corpus  # noqa: E402
+from autoresearch.evaluation.evaluate import prompt_tokens
+from autoresearch.rl.trial import behaviour_logprobs
+from bench.bench_roofline import Shapes, roofline
+from sqltasks import STOP_SEQUENCES, load_corpus
 
 MODES = ("before", "completions", "one pass", "used groups")
 

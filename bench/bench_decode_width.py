@@ -7,7 +7,7 @@ row decodes all 64, so greedy and sampling do the same work), all prompts in one
 `--widths`. Prints tokens per second (the prefill included) and the greedy/sampling ratio
 (greedy should be at least as fast: it skips the draw).
 
-    python bench/bench_decode_width.py [--widths 8 48] [--repeats 2]
+    python -m bench.bench_decode_width [--widths 8 48] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -15,16 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sft_step import embedded_engine  # noqa: E402
-
-from server.engine.engine import Engine, SampleJob, SamplingParams  # noqa: E402
+from bench.bench_sft_step import embedded_engine
+from server.engine.engine import Engine, SampleJob, SamplingParams
 
 PROMPT_TOKENS, NEW_TOKENS = 100, 64
 

@@ -6,9 +6,9 @@ baseline, and each `--variant` (changes to that base) as one more trial, side by
 trial scored on the demo's 48 dev tasks. The study's report ("Against the warm-up") gives each
 trial minus the warm-up checkpoint, paired per task with a 95% interval; this prints the same.
 
-    python bench/bench_demo_rl.py --out runs/demo-rl/defaults \\
+    python -m bench.bench_demo_rl --out runs/demo-rl/defaults \\
         --variant '{"rl.steps": 8, "rl.prompts_per_step": 8, "rl.group_size": 8}'
-    python bench/bench_demo_rl.py --out runs/demo-rl/no-executes \\
+    python -m bench.bench_demo_rl --out runs/demo-rl/no-executes \\
         --base '{"reward.weights.executes": 0.0, "rl.steps": 8, "rl.group_size": 8}' \\
         --variant '{"rl.adam.learning_rate": 3e-5}'
 
@@ -27,15 +27,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "datasets"), str(ROOT / "bench")]
 os.environ.setdefault("TINKER_TELEMETRY", "0")
-
-from bench_study import ListProposer, _choices, fmt, set_dotted  # noqa: E402
 
 from autoresearch.study.confirmation import against_warmup  # noqa: E402
 from autoresearch.study.journal import Journal  # noqa: E402
 from autoresearch.study.runner import run_study  # noqa: E402
 from autoresearch.study.spec import Study  # noqa: E402
+from bench.bench_study import ListProposer, _choices, fmt, set_dotted  # noqa: E402
 
 DEMO = ROOT / "autoresearch" / "configs" / "demo_study.yaml"
 
@@ -87,7 +85,7 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("autoresearch.study.runner").setLevel(logging.INFO)
-    print(f"command: python bench/bench_demo_rl.py {' '.join(sys.argv[1:])}; loadavg "
+    print(f"command: python -m bench.bench_demo_rl {' '.join(sys.argv[1:])}; loadavg "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     started = time.time()
     study, proposer = variants_study(args.base, args.variant, args.parallel,

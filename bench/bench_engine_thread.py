@@ -18,8 +18,8 @@ timed ones. Prints the median seconds, the voluntary context switches per step, 
 share, page faults and the malloc arenas, and the ratio against the way before this change;
 `--rounds` alternates the ways to spread drift in the machine's load.
 
-    python bench/bench_engine_thread.py              # 1 round, ~6 min on 2 cores
-    python bench/bench_engine_thread.py --rounds 2
+    python -m bench.bench_engine_thread              # 1 round, ~6 min on 2 cores
+    python -m bench.bench_engine_thread --rounds 2
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ way = sys.argv[1]
 if way != "policy on load, model loaded on main":
     import server.entrypoints  # noqa: F401  (the policy, before anything else starts)
 sys.path.insert(0, sys.argv[2])
-from bench_sft_step import WAYS, run_way, sft_batches
+from bench.bench_sft_step import WAYS, run_way, sft_batches
 from server.engine.engine import Engine
 from server.engine.engine_thread import EngineThread, on_own_thread
 from server.engine.host_memory import allocator_arenas
@@ -86,7 +86,7 @@ BEFORE = WAYS[1]
 
 def run(way: str) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "datasets")])}
-    done = subprocess.run([sys.executable, "-c", CHILD, way, str(ROOT / "bench")], env=env,
+    done = subprocess.run([sys.executable, "-c", CHILD, way, str(ROOT)], env=env,
                           capture_output=True, text=True, check=True, cwd=ROOT)
     return json.loads(done.stdout.strip().splitlines()[-1])
 

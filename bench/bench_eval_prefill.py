@@ -9,7 +9,7 @@ submitted at once, 64 new tokens at most, stopping at the closing fence). Rounds
 reference (`Engine.shared_prefill = False`) and the default. Prints the prefill's engine time,
 the evaluation's wall time, batches and whether both ways decoded the same tokens.
 
-    python bench/bench_eval_prefill.py [--rounds 2]
+    python -m bench.bench_eval_prefill [--rounds 2]
 """
 
 from __future__ import annotations
@@ -17,12 +17,9 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_multirun import bench_server, loadavg, quiet  # noqa: E402
+from bench.bench_multirun import bench_server, loadavg, quiet
 
 
 def main() -> None:

@@ -17,15 +17,14 @@ The documented bound is A's solo time plus two share-sized batches of B: the one
 running when A's call arrives, and the one A's call rides in. Printed: each latency, the bound,
 and the ratio of the baseline's delay to the fair one's.
 
-    python bench/bench_fairness.py                  # embedded Gemma 3 270M, about 5 minutes
-    python bench/bench_fairness.py --model tiny     # a tiny random Gemma, seconds
+    python -m bench.bench_fairness                  # embedded Gemma 3 270M, about 5 minutes
+    python -m bench.bench_fairness --model tiny     # a tiny random Gemma, seconds
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +32,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 A_KEY, B_KEY = "tml-fair-a", "tml-fair-b"
 

@@ -14,7 +14,7 @@ head's cost does not depend on their values. Ways:
 Prints milliseconds per forward and backward (the median of `--repeats`), the ratio against
 `plain`, and the share of the time that is the GEMMs'.
 
-    python bench/bench_fused_head.py [--blocks 1024 2048 4096 16384] [--repeats 3]
+    python -m bench.bench_fused_head [--blocks 1024 2048 4096 16384] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -22,18 +22,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.utils.checkpoint
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from server.engine import fused_head  # noqa: E402
-from server.engine.invariance import row_invariant  # noqa: E402
-from server.engine.invariant_attention import take_columns  # noqa: E402
+from server.engine import fused_head
+from server.engine.invariance import row_invariant
+from server.engine.invariant_attention import take_columns
 
 VOCAB, HIDDEN, RANK, POSITIONS, CAP = 262_144, 640, 16, 512, 30.0
 

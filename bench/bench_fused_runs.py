@@ -21,8 +21,8 @@ engine's default batch invariance on:
    ratio concurrency could reach at most here: sampling as fast as one shared engine call
    (1a) and training as it ran (the engine runs one call at a time).
 
-    python bench/bench_fused_runs.py              # about 7 minutes on 2 cores
-    python bench/bench_fused_runs.py --rounds 1
+    python -m bench.bench_fused_runs              # about 7 minutes on 2 cores
+    python -m bench.bench_fused_runs --rounds 1
 """
 
 from __future__ import annotations
@@ -30,27 +30,23 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_multirun as multirun  # noqa: E402
-from bench_rl_step import rollout_data, sample_jobs  # noqa: E402
-from bench_roofline import TRAIN_WIDTH, Shapes, roofline, train_flops  # noqa: E402
-
-from server.engine.engine import (  # noqa: E402
+from bench import bench_multirun as multirun
+from bench.bench_rl_step import rollout_data, sample_jobs
+from bench.bench_roofline import TRAIN_WIDTH, Shapes, roofline, train_flops
+from server.engine.engine import (
     Engine,
     ForwardBackwardJob,
     SampleJob,
     SamplingParams,
 )
-from server.engine.lora import LoraSpec  # noqa: E402
+from server.engine.lora import LoraSpec
 
 RUNS, PROMPTS, GROUP, NEW_TOKENS = 4, 2, 8, 24
 

@@ -7,8 +7,8 @@ process = the engine on the embedded Gemma 3 270M doing the RL step's work three
 per side: the median seconds of the last two repetitions of each phase, the process's kernel
 (system) CPU seconds, its minor page faults and its peak RSS, and the ratios default / kept.
 
-    python bench/bench_host_memory.py              # 2 processes per side, ~6 min
-    python bench/bench_host_memory.py --rounds 1
+    python -m bench.bench_host_memory              # 2 processes per side, ~6 min
+    python -m bench.bench_host_memory --rounds 1
 """
 
 from __future__ import annotations
@@ -30,10 +30,8 @@ def workload() -> None:
     import resource
     import time
 
-    sys.path.insert(0, str(HERE))
-    from bench_rl_step import rollout_data, sample_jobs
-
     from autoresearch.evaluation.evaluate import prompt_tokens
+    from bench.bench_rl_step import rollout_data, sample_jobs
     from server.engine import host_memory
     from server.engine.engine import Engine, ForwardBackwardJob
     from server.engine.lora import LoraSpec

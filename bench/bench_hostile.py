@@ -13,8 +13,8 @@ Printed per kind: requests, status classes (futures by their failure category), 
 step's latency against the same step before the campaign (a ratio measured in this run); and
 the server's RSS before and after, with the number of results it still holds.
 
-    python bench/bench_hostile.py               # 400 fuzzed JSON + 100 fuzzed protobuf requests
-    python bench/bench_hostile.py --fuzz 2000
+    python -m bench.bench_hostile               # 400 fuzzed JSON + 100 fuzzed protobuf requests
+    python -m bench.bench_hostile --fuzz 2000
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import argparse
 import collections
 import os
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,8 +30,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
 VICTIM, ATTACKER = "tml-bench-victim", "tml-bench-attacker"
 
@@ -44,9 +41,9 @@ def main() -> None:
     args = parser.parse_args()
 
     import tinker
-    from bench_soak import build_model, rss_mb
     from tinker import types
 
+    from bench.bench_soak import build_model, rss_mb
     from tests.server import hostile_client as hostile
     from tests.server.server_helpers import SubprocessServer, forward_logprobs, sft_datum
 

@@ -18,8 +18,8 @@ toggles `Engine.batch_invariant` on one loaded model, so everything else is equa
    run by run, which shows what fusing buys the engine itself once steps are compute-bound;
 4. the sampler-trainer gap at step 0 (the same weights), on and off.
 
-    python bench/bench_invariance.py               # about 9 minutes on 2 cores
-    python bench/bench_invariance.py --steps 1     # shorter
+    python -m bench.bench_invariance               # about 9 minutes on 2 cores
+    python -m bench.bench_invariance --steps 1     # shorter
 """
 
 from __future__ import annotations
@@ -27,17 +27,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_rl_step import rollout_data, sample_jobs  # noqa: E402
-from bench_roofline import (  # noqa: E402
+from autoresearch.evaluation.evaluate import prompt_tokens
+from bench.bench_rl_step import rollout_data, sample_jobs
+from bench.bench_roofline import (
     TRAIN_WIDTH,
     Shapes,
     roofline,
@@ -45,12 +43,10 @@ from bench_roofline import (  # noqa: E402
     sampler_trainer_kl,
     train_flops,
 )
-
-from autoresearch.evaluation.evaluate import prompt_tokens  # noqa: E402
-from server.engine.engine import AdamParams, Engine, ForwardBackwardJob  # noqa: E402
-from server.engine.lora import LoraSpec  # noqa: E402
-from server.engine.model_loading import load_base_model  # noqa: E402
-from sqltasks import load_corpus  # noqa: E402
+from server.engine.engine import AdamParams, Engine, ForwardBackwardJob
+from server.engine.lora import LoraSpec
+from server.engine.model_loading import load_base_model
+from sqltasks import load_corpus
 
 MODES = {"invariant": True, "fused": False}
 
@@ -137,8 +133,9 @@ def sequential_round(engine: Engine, runs, per_run, seed: int) -> None:
 
 def sdk_speedups(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
     """Median seconds of (concurrent, one after another) per mode, on one served engine."""
-    import bench_multirun as multirun
     from tinker import types
+
+    from bench import bench_multirun as multirun
 
     multirun.quiet()
     settings = argparse.Namespace(model=args.model, quick=False, reward_seconds=None)

@@ -32,7 +32,7 @@ Reported per run-to-run SD, dev size and planted effect: the false-keep rate per
 candidate better; target <= alpha = 5%) and the power (the planted candidate ends as the
 study's best).
 
-    python bench/bench_keep_rule.py [--studies 400] [--candidates 6] [--base 0.15]
+    python -m bench.bench_keep_rule [--studies 400] [--candidates 6] [--base 0.15]
         [--run-sds 0 2 3 4] [--sizes 48 96 200] [--effects 0 0.05 0.10] [--noisy-candidates 3]
 """
 
@@ -44,15 +44,11 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "datasets")]
-
-from autoresearch.evaluation.stats import Estimate  # noqa: E402
-from autoresearch.study.confirmation import (  # noqa: E402
+from autoresearch.evaluation.stats import Estimate
+from autoresearch.study.confirmation import (
     EvidenceSeeds,
     QueueSeedBank,
     Rerun,
@@ -62,8 +58,8 @@ from autoresearch.study.confirmation import (  # noqa: E402
     next_decision,
     test_arms,
 )
-from autoresearch.study.decisions import KeepRule, keep_rule_for  # noqa: E402
-from autoresearch.study.spec import Budget, Study  # noqa: E402
+from autoresearch.study.decisions import KeepRule, keep_rule_for
+from autoresearch.study.spec import Budget, Study
 
 Z95 = 1.959963984540054
 SIGMA_TASK, SIGMA_INTERACTION, SIGMA_SEED = 1.5, 0.5, 0.1
@@ -382,7 +378,7 @@ def main() -> None:
                                         "seed_bank": args.seed_bank,
                                         "test_seeds": args.test_seeds})
     rule = keep_rule_for(study.budget)
-    print("command: python bench/bench_keep_rule.py " + " ".join(sys.argv[1:]))
+    print("command: python -m bench.bench_keep_rule " + " ".join(sys.argv[1:]))
     print(f"{args.studies} simulated studies per cell; baseline + {args.candidates} candidates; "
           f"base dev accuracy {args.base}; confirm_seeds={args.confirm_seeds}, "
           f"max_confirm_trials={args.max_confirm_trials}, seed_bank={args.seed_bank}; "

@@ -20,9 +20,9 @@ it compares in one table, with the command that reproduces it and the machine's 
   sampler          the server's batched sampler (no LoRA) vs plain `model.generate` on the same
                    prompts, greedy, same number of new tokens: tokens/s and ratio.
 
-    python bench/bench_multirun.py all                 # every benchmark, moderate sizes
-    python bench/bench_multirun.py fusion-sampling     # one of them
-    python bench/bench_multirun.py all --quick         # smoke run, tiny sizes
+    python -m bench.bench_multirun all                 # every benchmark, moderate sizes
+    python -m bench.bench_multirun fusion-sampling     # one of them
+    python -m bench.bench_multirun all --quick         # smoke run, tiny sizes
 """
 
 from __future__ import annotations

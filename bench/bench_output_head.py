@@ -27,8 +27,8 @@ far way 3 (another order of summation over the vocabulary) is from them.
 Prints seconds per step, the ratio against way 1, the head's share of each step's FLOPs and the
 fraction of this machine's matmul roofline (measured in the same run).
 
-    python bench/bench_output_head.py               # 3 steps per way, ~14 min on 2 cores
-    python bench/bench_output_head.py --steps 1     # ~6 min
+    python -m bench.bench_output_head               # 3 steps per way, ~14 min on 2 cores
+    python -m bench.bench_output_head --steps 1     # ~6 min
 """
 
 from __future__ import annotations
@@ -36,24 +36,20 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_rl_step import rollout_data, sample_jobs  # noqa: E402
-from bench_roofline import Shapes  # noqa: E402
-from bench_sft_step import embedded_engine, sft_batches  # noqa: E402
-
-from autoresearch.evaluation.evaluate import prompt_tokens  # noqa: E402
-from server.engine.engine import AdamParams, Engine, ForwardBackwardJob  # noqa: E402
-from server.engine.lora import LoraSpec  # noqa: E402
-from server.engine.loss_positions import loss_positions  # noqa: E402
-from server.protocol.codec import Datum  # noqa: E402
-from sqltasks import SchemaView, load_corpus  # noqa: E402
+from autoresearch.evaluation.evaluate import prompt_tokens
+from bench.bench_rl_step import rollout_data, sample_jobs
+from bench.bench_roofline import Shapes
+from bench.bench_sft_step import embedded_engine, sft_batches
+from server.engine.engine import AdamParams, Engine, ForwardBackwardJob
+from server.engine.lora import LoraSpec
+from server.engine.loss_positions import loss_positions
+from server.protocol.codec import Datum
+from sqltasks import SchemaView, load_corpus
 
 WAYS = ("plain, every position", "plain, where read", "fused, where read")
 

@@ -15,8 +15,8 @@ Each (width, mode) runs in a fresh process with glibc's default allocator
 needs). Peak RSS is sampled every 10 ms during the call and reported above the RSS just before
 it.
 
-    python bench/bench_packed_memory.py                    # widths 1024 2048 4096 8192
-    python bench/bench_packed_memory.py --widths 1024 2048 # quicker
+    python -m bench.bench_packed_memory                    # widths 1024 2048 4096 8192
+    python -m bench.bench_packed_memory --widths 1024 2048 # quicker
 """
 
 from __future__ import annotations
@@ -27,20 +27,17 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import psutil
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_rl_step import PeakRss  # noqa: E402
-
-from server.engine import packed_attention  # noqa: E402
-from server.engine.engine import Engine, ForwardBackwardJob  # noqa: E402
-from server.engine.lora import LoraSpec  # noqa: E402
-from server.engine.model_loading import load_base_model  # noqa: E402
-from server.protocol.codec import Datum  # noqa: E402
+from bench.bench_rl_step import PeakRss
+from server.engine import packed_attention
+from server.engine.engine import Engine, ForwardBackwardJob
+from server.engine.lora import LoraSpec
+from server.engine.model_loading import load_base_model
+from server.protocol.codec import Datum
 
 MEMBERS = 4
 

@@ -9,8 +9,8 @@ optionally beside a Jupyter kernel that holds memory as a notebook session does
 (`--kernel-gib`). Printed per side: wall time, the command's peak RSS (its process tree,
 sampled every 0.2 s), the lowest `MemAvailable` seen, and the ratios to the earlier rule.
 
-    python bench/bench_peak_memory.py --kernel-gib 4 -- \\
-        python bench/bench_transfer_learning.py --train-only --sft-steps 8 --rl-steps 2 \\
+    python -m bench.bench_peak_memory --kernel-gib 4 -- \\
+        python -m bench.bench_transfer_learning --train-only --sft-steps 8 --rl-steps 2 \\
         --out runs/peak-{side} ...
 """
 

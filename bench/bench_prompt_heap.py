@@ -16,8 +16,8 @@ prompts, then `forward_backward(cross_entropy)`. Prints per way the median secon
 and of the forward_backward, the minor page faults of the step and the ratio before / now, and
 whether both ways built the same prompts.
 
-    python bench/bench_prompt_heap.py              # 3 steps per way, ~7 min on 2 cores
-    python bench/bench_prompt_heap.py --steps 1
+    python -m bench.bench_prompt_heap              # 3 steps per way, ~7 min on 2 cores
+    python -m bench.bench_prompt_heap --steps 1
 """
 
 from __future__ import annotations
@@ -26,24 +26,19 @@ import argparse
 import os
 import resource
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from functools import lru_cache
-from pathlib import Path
 
 import duckdb
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_sft_step import sft_datum  # noqa: E402
-
-from server.engine.engine import Engine, ForwardBackwardJob  # noqa: E402
-from server.engine.lora import LoraSpec  # noqa: E402
-from server.engine.model_loading import load_base_model  # noqa: E402
-from server.protocol.codec import Datum  # noqa: E402
-from sqltasks import SchemaView, load_corpus, prompt  # noqa: E402
+from bench.bench_sft_step import sft_datum
+from server.engine.engine import Engine, ForwardBackwardJob
+from server.engine.lora import LoraSpec
+from server.engine.model_loading import load_base_model
+from server.protocol.codec import Datum
+from sqltasks import SchemaView, load_corpus, prompt
 
 WAYS = ("a database opened per task database (before)", "one scratch database (now)")
 

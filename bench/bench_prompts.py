@@ -8,7 +8,7 @@ first SFT steps of a trial (8 training tasks a step, the recipe's view: 2 sample
 at 1600 characters) both ways, each from cold caches, in one process, and prints seconds per step
 and the ratio. The rendered prompts must be equal, or it says so and fails.
 
-    python bench/bench_prompts.py              # 60 steps per way, about a minute on 2 cores
+    python -m bench.bench_prompts              # 60 steps per way, about a minute on 2 cores
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ context switches, kernel CPU seconds, minor page faults and peak RSS, and each s
 milliseconds a token against the first's (above 1: slower than now). Sides alternate over
 rounds so that drift in the machine's load falls on each.
 
-    python bench/bench_recipe_steps.py --before 8783ad9 --rounds 2       # ~10 min on 2 cores
-    python bench/bench_recipe_steps.py --env 'mapped >= 32 MiB:AUTORESEARCH_MMAP_ABOVE_MB=32'
+    python -m bench.bench_recipe_steps --before 8783ad9 --rounds 2       # ~10 min on 2 cores
+    python -m bench.bench_recipe_steps --env 'mapped >= 32 MiB:AUTORESEARCH_MMAP_ABOVE_MB=32'
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
 
 from autoresearch.rl.record import TrialRecord, step_seconds  # noqa: E402
 

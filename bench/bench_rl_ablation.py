@@ -18,8 +18,8 @@ runs (each run's difference from the warm-up on the same tasks is one observatio
 against `old`, paired by seed; and what its steps learned from (groups trained on of groups
 drawn, steps that trained on nothing, samples drawn) and cost (trial seconds, summed).
 
-    python bench/bench_rl_ablation.py --out runs/rl-ablation --arms shipped,old,partial --seeds 3
-    python bench/bench_rl_ablation.py --out runs/rl-ablation-8 --arms shipped,old --steps 8
+    python -m bench.bench_rl_ablation --out runs/rl-ablation --arms shipped,old,partial --seeds 3
+    python -m bench.bench_rl_ablation --out runs/rl-ablation-8 --arms shipped,old --steps 8
 
 Resumable: rerun with the same `--out` (finished trials are read back).
 """
@@ -35,16 +35,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "datasets"), str(ROOT / "bench")]
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-from bench_demo_rl import variants_study  # noqa: E402
-
-from autoresearch.evaluation.stats import paired_t  # noqa: E402
-from autoresearch.rl.record import TrialRecord  # noqa: E402
-from autoresearch.study.journal import Journal  # noqa: E402
-from autoresearch.study.runner import run_study  # noqa: E402
+from autoresearch.evaluation.stats import paired_t
+from autoresearch.rl.record import TrialRecord
+from autoresearch.study.journal import Journal
+from autoresearch.study.runner import run_study
+from bench.bench_demo_rl import variants_study
 
 ARMS: dict[str, dict[str, Any]] = {
     "shipped": {},
@@ -130,7 +127,7 @@ def main() -> int:
         raise SystemExit(f"unknown arms {sorted(unknown)}; expected some of {list(ARMS)}")
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("autoresearch.study.runner").setLevel(logging.INFO)
-    print(f"command: python bench/bench_rl_ablation.py {' '.join(sys.argv[1:])}; loadavg "
+    print(f"command: python -m bench.bench_rl_ablation {' '.join(sys.argv[1:])}; loadavg "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     started = time.time()
     base = dict(args.base)

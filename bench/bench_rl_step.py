@@ -16,9 +16,9 @@ streams, so the samples differ; tokens/s is printed with them). Modes alternate 
 so drift in the load of a shared machine falls on both. Peak RSS is sampled every 20 ms during
 each mode's steps (on CUDA, the peak allocated device memory is printed as well).
 
-    python bench/bench_rl_step.py                       # CPU, embedded Gemma 3 270M
-    python bench/bench_rl_step.py --steps 3 --warmup 1  # more measured steps
-    python bench/bench_rl_step.py --device cuda --model /path/to/gemma-3-1b
+    python -m bench.bench_rl_step                       # CPU, embedded Gemma 3 270M
+    python -m bench.bench_rl_step --steps 3 --warmup 1  # more measured steps
+    python -m bench.bench_rl_step --device cuda --model /path/to/gemma-3-1b
 """
 
 from __future__ import annotations

@@ -25,10 +25,10 @@ training, plus its backward where a loss term reads it), and backward as one mor
 the layers (the base is frozen: input gradients only). LoRA's own products are left out (under
 2% at rank 16). Shared prompt prefixes count once per group, as computed.
 
-    python bench/bench_roofline.py                     # CPU, embedded Gemma 3 270M, ~8 min
-    python bench/bench_roofline.py --quick             # smaller phases, ~3 min
-    python bench/bench_roofline.py --dtype float32     # the engine in fp32 numerics
-    python bench/bench_roofline.py --device cuda       # the same table on a GPU
+    python -m bench.bench_roofline                     # CPU, embedded Gemma 3 270M, ~8 min
+    python -m bench.bench_roofline --quick             # smaller phases, ~3 min
+    python -m bench.bench_roofline --dtype float32     # the engine in fp32 numerics
+    python -m bench.bench_roofline --device cuda       # the same table on a GPU
 """
 
 from __future__ import annotations
@@ -36,28 +36,24 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_rl_step import rollout_data, sample_jobs  # noqa: E402
-
-from autoresearch.evaluation.evaluate import prompt_tokens  # noqa: E402
-from server.engine.engine import (  # noqa: E402
+from autoresearch.evaluation.evaluate import prompt_tokens
+from bench.bench_rl_step import rollout_data, sample_jobs
+from server.engine.engine import (
     AdamParams,
     Engine,
     ForwardBackwardJob,
     SampleJob,
     SamplingParams,
 )
-from server.engine.lora import LoraSpec  # noqa: E402
-from server.engine.model_loading import load_base_model  # noqa: E402
-from sqltasks import STOP_SEQUENCES, load_corpus  # noqa: E402
+from server.engine.lora import LoraSpec
+from server.engine.model_loading import load_base_model
+from sqltasks import STOP_SEQUENCES, load_corpus
 
 TRAIN_WIDTH = 2048
 

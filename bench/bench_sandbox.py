@@ -8,7 +8,7 @@ ratio to the benign median and as a share of the kill deadline, the outcome, and
 peak resident memory against the benign peak. The run fails if an attack scores above zero or
 leaves a file behind.
 
-    python bench/bench_sandbox.py [--timeout 2.0] [--benign 40]
+    python -m bench.bench_sandbox [--timeout 2.0] [--benign 40]
 """
 
 from __future__ import annotations
@@ -16,17 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "datasets")]
-
-from rewards import RewardPool, SandboxLimits, Task  # noqa: E402
-from rewards.hostile import attacks  # noqa: E402
+from rewards import RewardPool, SandboxLimits, Task
+from rewards.hostile import attacks
 
 SETUP = (
     "CREATE TABLE shops (id INTEGER, name VARCHAR, area DOUBLE);"
@@ -66,7 +62,7 @@ def main() -> None:
         stats = pool.stats()
     kill_after = 2 * limits.timeout_s + limits.kill_grace_s
     median = statistics.median(benign)
-    print(f"command: python bench/bench_sandbox.py --timeout {args.timeout} --benign "
+    print(f"command: python -m bench.bench_sandbox --timeout {args.timeout} --benign "
           f"{args.benign}; loadavg={' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"limits: timeout {limits.timeout_s}s per statement, kill after {kill_after}s, "
           f"RLIMIT_AS {limits.address_space_mb} MiB, "

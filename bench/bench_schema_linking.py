@@ -8,8 +8,8 @@ DDL, its keys and every gold query alike), renders every question's schema at se
 and counts how often every table its gold query reads was kept. The baseline, measured in the
 same run, is the plain cut: tables in schema order while they fit.
 
-    python bench/bench_schema_linking.py                  # 8 databases a schema, ~1 minute
-    python bench/bench_schema_linking.py --merge 12 --budgets 1600 3200 6400
+    python -m bench.bench_schema_linking                  # 8 databases a schema, ~1 minute
+    python -m bench.bench_schema_linking --merge 12 --budgets 1600 3200 6400
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ predictions (gold queries, near misses and junk, as an RL batch would hold) with
 comparator; the run fails if any row's verdicts differ from the naive scorer's. Prints
 predictions/s, each ratio, and the memory of each worker.
 
-    python bench/bench_scoring.py [--tasks 32] [--per-task 8] [--workers N]
+    python -m bench.bench_scoring [--tasks 32] [--per-task 8] [--workers N]
 """
 
 from __future__ import annotations
@@ -19,18 +19,13 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 import time
-from pathlib import Path
 
 import duckdb
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "datasets")]
-
-from rewards import RewardPool, SandboxLimits, Task, execution_match, extract_sql  # noqa: E402
-from rewards.sqlinfo import has_top_level_order_by  # noqa: E402
-from sqltasks import load_corpus  # noqa: E402
+from rewards import RewardPool, SandboxLimits, Task, execution_match, extract_sql
+from rewards.sqlinfo import has_top_level_order_by
+from sqltasks import load_corpus
 
 
 def predictions(tasks: list[Task], per_task: int, seed: int = 0) -> list[tuple[str, Task]]:
@@ -88,7 +83,7 @@ def main() -> None:
 
     tasks = random.Random(1).sample(load_corpus("train"), args.tasks)
     pairs = predictions(tasks, args.per_task)
-    print(f"command: python bench/bench_scoring.py --tasks {args.tasks} --per-task "
+    print(f"command: python -m bench.bench_scoring --tasks {args.tasks} --per-task "
           f"{args.per_task} --workers {args.workers}")
     print(f"{len(pairs)} predictions over {len(tasks)} tasks, {len(tasks[0].setups)} database "
           f"copies each; every row scores the same predictions; cpus={os.cpu_count()} "

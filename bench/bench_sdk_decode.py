@@ -13,22 +13,19 @@ in fp32 and in bf16), greedy and sampling at temperature 1, 64 new tokens each; 
 rates as multiples of it. Last, one greedy engine call on the same prompts under
 `torch.profiler`: how much of it is matrix products, against the time the 3x target allows.
 
-    python bench/bench_sdk_decode.py [--prompts 48] [--rounds 2]
+    python -m bench.bench_sdk_decode [--prompts 48] [--rounds 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_multirun import bench_server, loadavg, quiet  # noqa: E402
+from bench.bench_multirun import bench_server, loadavg, quiet
 
 NEW_TOKENS = 64
 EARLIER_WINDOW = (0.05, 0.3)

@@ -17,8 +17,8 @@ Rates come with Wilson 95% intervals. The budget is one confirmation of two seed
 (`confirm_seeds: 2`, `max_confirm_trials: 4`, `seed_bank: 3`), so a pseudo-study needs at most
 1 + candidates + 2 + 4 distinct runs; `--candidates` is capped to fit the bank.
 
-    python bench/bench_seed_bank.py [--seeds 12] [--pseudo 2000] [--candidates 3]
-    python bench/bench_seed_bank.py --resume runs/bench-seed-bank/<stamp>
+    python -m bench.bench_seed_bank [--seeds 12] [--pseudo 2000] [--candidates 3]
+    python -m bench.bench_seed_bank --resume runs/bench-seed-bank/<stamp>
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,16 +34,14 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "datasets"), str(ROOT / "bench")]
 os.environ.setdefault("TINKER_TELEMETRY", "0")
-
-from bench_keep_rule import new_study  # noqa: E402
 
 from autoresearch.evaluation.stats import wilson  # noqa: E402
 from autoresearch.study.journal import Journal  # noqa: E402
 from autoresearch.study.proposers import Context, Proposal, ProposalBatch  # noqa: E402
 from autoresearch.study.runner import run_study  # noqa: E402
 from autoresearch.study.spec import Study  # noqa: E402
+from bench.bench_keep_rule import new_study  # noqa: E402
 
 DEMO = ROOT / "autoresearch" / "configs" / "demo_study.yaml"
 FIRST_SEED = 1000
@@ -145,7 +142,7 @@ def main() -> None:
     parser.add_argument("--resume", type=Path)
     args = parser.parse_args()
     root = args.resume or ROOT / "runs" / "bench-seed-bank" / time.strftime("%Y%m%d-%H%M%S")
-    print(f"command: python bench/bench_seed_bank.py --seeds {args.seeds} --pseudo "
+    print(f"command: python -m bench.bench_seed_bank --seeds {args.seeds} --pseudo "
           f"{args.pseudo} --candidates {args.candidates} (results in {root}); "
           f"loadavg {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     started = time.time()

@@ -16,8 +16,8 @@ fraction of this machine's own matmul rate at training width (measured in the sa
 ratio of each way to one GEMM per tile, and whether the padded and per-tile ways gave the same
 logprobs and loss to the bit.
 
-    python bench/bench_sft_step.py               # 3 steps per way, ~10 min on 2 cores
-    python bench/bench_sft_step.py --steps 1     # ~4 min
+    python -m bench.bench_sft_step               # 3 steps per way, ~10 min on 2 cores
+    python -m bench.bench_sft_step --steps 1     # ~4 min
 """
 
 from __future__ import annotations
@@ -25,25 +25,21 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_roofline import TRAIN_WIDTH, Shapes, roofline  # noqa: E402
-
-from autoresearch.evaluation.evaluate import prompt_tokens  # noqa: E402
-from autoresearch.rl.trial import gold_completion  # noqa: E402
-from rewards import Task  # noqa: E402
-from server.engine import invariance  # noqa: E402
-from server.engine.engine import Engine, ForwardBackwardJob  # noqa: E402
-from server.engine.lora import LoraSpec  # noqa: E402
-from server.engine.model_loading import load_base_model  # noqa: E402
-from server.protocol.codec import Datum  # noqa: E402
-from sqltasks import SchemaView, load_corpus  # noqa: E402
+from autoresearch.evaluation.evaluate import prompt_tokens
+from autoresearch.rl.trial import gold_completion
+from bench.bench_roofline import TRAIN_WIDTH, Shapes, roofline
+from rewards import Task
+from server.engine import invariance
+from server.engine.engine import Engine, ForwardBackwardJob
+from server.engine.lora import LoraSpec
+from server.engine.model_loading import load_base_model
+from server.protocol.codec import Datum
+from sqltasks import SchemaView, load_corpus
 
 WAYS = ("one GEMM per tile", "padded GEMMs", "fused (no invariance)")
 

@@ -14,8 +14,8 @@ The same soak then runs with the snapshot bounds turned off (`--snapshots-per-ru
 --snapshot-ttl-seconds 0`, the behaviour before the lifecycle policy) as the baseline measured
 in the same invocation, and the summary prints the policy's growth as a ratio to it.
 
-    python bench/bench_soak.py                        # 500 + 4 x 100 steps, policy on and off
-    python bench/bench_soak.py --steps 100 --side-steps 20   # quick look
+    python -m bench.bench_soak                        # 500 + 4 x 100 steps, policy on and off
+    python -m bench.bench_soak --steps 100 --side-steps 20   # quick look
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 GEMMA_VOCAB = 262_144
 API_KEY = "tml-soak"

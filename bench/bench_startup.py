@@ -12,9 +12,9 @@ cache. Each start is measured twice:
 Cold start takes minutes on a small CPU machine and runs once; warm starts repeat. The machine is
 shared, so read the ratios, not the absolute seconds; the load average is printed alongside.
 
-    python bench/bench_startup.py            # cold once, warm three times
-    python bench/bench_startup.py --skip-cold
-    python bench/bench_startup.py --quick    # one warm start, no cold start
+    python -m bench.bench_startup            # cold once, warm three times
+    python -m bench.bench_startup --skip-cold
+    python -m bench.bench_startup --quick    # one warm start, no cold start
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 LOAD_LINE = re.compile(r"loaded \S+ from (\w+) on .*? in ([0-9.]+)s$", re.MULTILINE)
 
 

@@ -36,10 +36,10 @@ re-proposed under other seeds (see docs/studies.md for what they showed).
 
 Decisions are the studies' own (dev split only); each study reads the test split once.
 
-    python bench/bench_study.py                    # arms and known (69 min, 2 quiet fp32 cores)
-    python bench/bench_study.py --smoke            # the same pipeline, tiny sizes (minutes)
-    python bench/bench_study.py --resume runs/bench-study/<stamp>   # finish an interrupted run
-    python bench/bench_study.py --resume runs/bench-study/<stamp> --redecide --parts arms
+    python -m bench.bench_study                    # arms and known (69 min, 2 quiet fp32 cores)
+    python -m bench.bench_study --smoke            # the same pipeline, tiny sizes (minutes)
+    python -m bench.bench_study --resume runs/bench-study/<stamp>   # finish an interrupted run
+    python -m bench.bench_study --resume runs/bench-study/<stamp> --redecide --parts arms
         # the arms' pseudo-studies and keep rate decided again by the current keep rule
 
 Resumable: each study resumes from its journal, the warm-up comes from the cache, and a part
@@ -58,13 +58,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "datasets"), str(ROOT / "bench")]
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-import numpy as np  # noqa: E402
-from bench_keep_rule import new_study  # noqa: E402
-from bench_seed_bank import (  # noqa: E402
+import numpy as np
+
+from autoresearch.evaluation.stats import (
+    Estimate,
+    RunTest,
+    paired_difference,
+    run_level_test,
+)
+from autoresearch.rl.record import TrialRecord
+from autoresearch.study.confirmation import test_verdicts
+from autoresearch.study.decisions import paired_items
+from autoresearch.study.journal import Journal
+from autoresearch.study.proposers import Context, Proposal, ProposalBatch
+from autoresearch.study.runner import run_study
+from autoresearch.study.space import flatten
+from autoresearch.study.spec import Study
+from bench.bench_keep_rule import new_study
+from bench.bench_seed_bank import (
     BankWorld,
     bank_runs,
     candidates_for,
@@ -72,21 +85,6 @@ from bench_seed_bank import (  # noqa: E402
     rate,
     take,
 )
-
-from autoresearch.evaluation.stats import (  # noqa: E402
-    Estimate,
-    RunTest,
-    paired_difference,
-    run_level_test,
-)
-from autoresearch.rl.record import TrialRecord  # noqa: E402
-from autoresearch.study.confirmation import test_verdicts  # noqa: E402
-from autoresearch.study.decisions import paired_items  # noqa: E402
-from autoresearch.study.journal import Journal  # noqa: E402
-from autoresearch.study.proposers import Context, Proposal, ProposalBatch  # noqa: E402
-from autoresearch.study.runner import run_study  # noqa: E402
-from autoresearch.study.space import flatten  # noqa: E402
-from autoresearch.study.spec import Study  # noqa: E402
 
 NO_OP = {"rl.max_train_tokens": 10**12}
 """A change that changes nothing a trial does (the token cap is never reached): it only makes a
@@ -518,7 +516,7 @@ def main() -> int:
     summary: dict[str, Any] = (json.loads(summary_path.read_text()) if summary_path.exists()
                                else {"design": "smoke" if args.smoke else "full",
                                      "weak": args.weak, "parts": {}})
-    print(f"command: python bench/bench_study.py {' '.join(sys.argv[1:])} (results in {root}); "
+    print(f"command: python -m bench.bench_study {' '.join(sys.argv[1:])} (results in {root}); "
           f"loadavg {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     started = time.time()
     for name in args.parts:

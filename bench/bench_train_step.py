@@ -16,8 +16,8 @@ Both are warmed up, then alternated (server, in-process, server, ...) so that dr
 of the shared machine falls on both; the medians and their ratio are what to read. The engine's
 own busy time for the server step is shown too: the rest is HTTP, serialisation and polling.
 
-    python bench/bench_train_step.py           # 10 rounds
-    python bench/bench_train_step.py --quick   # 2 rounds, smoke run
+    python -m bench.bench_train_step           # 10 rounds
+    python -m bench.bench_train_step --quick   # 2 rounds, smoke run
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ application databases no corpus has). Prompts show each schema as CREATE TABLE s
 keys, capped by the schema-linking truncation rule. Prints execution accuracy and the executing
 rate with 95% Wilson intervals per split and stage, and the paired stage-to-stage differences.
 
-    python bench/bench_transfer_learning.py                  # Gemma 3 270M on CPU, < 60 min
-    python bench/bench_transfer_learning.py --quick          # the same pipeline, tiny sizes
-    python bench/bench_transfer_learning.py --model google/gemma-3-1b-pt --device cuda \\
+    python -m bench.bench_transfer_learning                  # Gemma 3 270M on CPU, < 60 min
+    python -m bench.bench_transfer_learning --quick          # the same pipeline, tiny sizes
+    python -m bench.bench_transfer_learning --model google/gemma-3-1b-pt --device cuda \\
         --sft-steps 120 --rl-steps 60 --prompts 16 --group 8   # the recipe on a GPU
 
 Resumable: rerun with the same `--out` and the trial resumes from its last checkpoint.
@@ -349,7 +349,7 @@ def main() -> None:
     sft_s = sum(step_seconds(e) for e in steps if e.get("phase") == "sft")
     rl_s = sum(step_seconds(e) for e in steps if e.get("phase") == "rl")
     eval_s = sum(e["seconds"] for e in entries if e["type"] == "eval")
-    summary = {"command": "python bench/bench_transfer_learning.py " + " ".join(
+    summary = {"command": "python -m bench.bench_transfer_learning " + " ".join(
                    a for a in sys.argv[1:]),
                "wall_seconds": round(wall), "sft_seconds": round(sft_s),
                "rl_seconds": round(rl_s), "eval_seconds": round(eval_s),

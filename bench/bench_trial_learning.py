@@ -6,8 +6,8 @@ from domains never seen in training (the trial's `eval.baseline` stages). Prints
 execution accuracy with 95% Wilson intervals, and the paired difference (SFT+RL minus SFT) with
 its interval, which must exclude zero for the improvement to count.
 
-    python bench/bench_trial_learning.py                 # the default config, ~30 min on CPU
-    python bench/bench_trial_learning.py --quick         # a smoke run
+    python -m bench.bench_trial_learning                 # the default config, ~30 min on CPU
+    python -m bench.bench_trial_learning --quick         # a smoke run
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ separate environment: pass `--vllm-cmd /path/to/env/bin/vllm`); without either i
 status 2 and says which is missing. It exits 1 when the server's logprobs are not tempered or
 the mean T = 1 disagreement exceeds `--tolerance`.
 
-    python bench/bench_vllm.py
-    python bench/bench_vllm.py --vllm-cmd /opt/vllm/bin/vllm --steps 5 --prompts 32
+    python -m bench.bench_vllm
+    python -m bench.bench_vllm --vllm-cmd /opt/vllm/bin/vllm --steps 5 --prompts 32
 """
 
 from __future__ import annotations

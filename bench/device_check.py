@@ -23,8 +23,8 @@ exact shapes, built here: no Hub access needed) on `--device`:
 8. **vLLM**: whether it is installed; when it is, the documented serve command is printed (its
    run needs a trained adapter and minutes of start-up: `bench/bench_vllm.py`).
 
-    python bench/device_check.py --device cuda --out runs/device-check     # ~5 min on one H200
-    python bench/device_check.py --device mps --shapes tiny,270m           # on a Mac
+    python -m bench.device_check --device cuda --out runs/device-check     # ~5 min on one H200
+    python -m bench.device_check --device mps --shapes tiny,270m           # on a Mac
 
 Every section is guarded: a failure is recorded with its error and the next section runs.
 """
@@ -35,7 +35,6 @@ import argparse
 import importlib.util
 import json
 import os
-import sys
 import tempfile
 import time
 import traceback
@@ -44,21 +43,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from server.engine.engine import (  # noqa: E402
+from server.engine.engine import (
     AdamParams,
     Engine,
     ForwardBackwardJob,
     SampleJob,
     SamplingParams,
 )
-from server.engine.lora import LoraSpec  # noqa: E402
-from server.engine.losses import LOSSES, RECORDED_LOGPROBS, RECORDED_MASK  # noqa: E402
-from server.engine.model_loading import load_base_model  # noqa: E402
-from server.protocol.codec import Datum  # noqa: E402
-from tools.gemma_shapes import SHAPES, build_model  # noqa: E402
-from tools.host_syncs import syncs_inside_layers  # noqa: E402
+from server.engine.lora import LoraSpec
+from server.engine.losses import LOSSES, RECORDED_LOGPROBS, RECORDED_MASK
+from server.engine.model_loading import load_base_model
+from server.protocol.codec import Datum
+from tools.gemma_shapes import SHAPES, build_model
+from tools.host_syncs import syncs_inside_layers
 
 RECORD: dict = {}
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first cuBLAS handle

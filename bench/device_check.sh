@@ -30,7 +30,7 @@ fi
   "$python" -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
   nproc; free -g | head -2
   echo "== checks"
-  timeout "${CHECK_SECONDS:-540}" "$python" bench/device_check.py --device "${DEVICE:-cuda}" \
+  timeout "${CHECK_SECONDS:-540}" "$python" -m bench.device_check --device "${DEVICE:-cuda}" \
     --shapes "${SHAPES:-tiny,270m,1b}" --out "$out"
   echo "exit $?"
 } 2>&1 | tee "$out/device_check.log"

@@ -7,7 +7,7 @@ a 95% interval that holds both the runs' luck and the questions' (`stats.runs_an
 mean`: other seeds, other questions of the same kind), the run-to-run SD, and the executing
 rate per run and on average. A run's own Wilson interval is in its own table.
 
-    python bench/transfer_over_seeds.py runs/seed0 runs/seed1 runs/seed2
+    python -m bench.transfer_over_seeds runs/seed0 runs/seed1 runs/seed2
 """
 
 from __future__ import annotations
@@ -15,15 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_transfer_learning import SPLITS, STAGES, snapped_suffix  # noqa: E402
-
-from autoresearch.evaluation.stats import runs_and_questions_mean  # noqa: E402
+from autoresearch.evaluation.stats import runs_and_questions_mean
+from bench.bench_transfer_learning import SPLITS, STAGES, snapped_suffix
 
 LABELS = dict(STAGES)
 

@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from autoresearch.rl.config import RLConfig, SFTConfig, TrialConfig
+from autoresearch.study.expected_time import ExpectedTime
 from autoresearch.study.space import DEFAULT_SPACE, Param, SearchSpace, StudyDimension
 
 
@@ -169,7 +170,7 @@ class Study(_Strict):
     name: str = Field("study", min_length=1, max_length=40)
     goal: Literal["dev_accuracy"] = "dev_accuracy"
     """What the study maximises: execution accuracy on the fixed dev subset. Decisions read
-    only the dev split; the test split is read once, to report the final best."""
+    only the dev split; the test split is read once at the end, for runs no decision selected."""
     seed: int = Field(0, ge=0)
     """Seeds the offline proposer and draws the seeds of the seed bank and the confirmation
     re-runs (`confirmation.evidence_seeds`); exploration trials run with `base_trial.seed`."""
@@ -197,6 +198,9 @@ class Study(_Strict):
     proposer: ProposerSpec = ProposerSpec()
     executor: ExecutorSpec = ExecutorSpec()
     tracing: TracingSpec = TracingSpec()
+    expected_time: ExpectedTime | None = None
+    """Wall times measured for this study, printed before it starts for the machine it runs
+    on (`expected_time.expected_time_lines`)."""
 
     @field_validator("name")
     @classmethod

@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import importlib
 from pathlib import Path
 
 import numpy as np
@@ -12,16 +11,10 @@ import numpy as np
 from autoresearch.study.decisions import keep_rule_for
 from autoresearch.study.spec import Study
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_keep_rule.py"
-
 
 def _bench(name: str = "bench_keep_rule"):
-    """A benchmark script loaded as a module (bench/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(name, BENCH.with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
+    """A benchmark module of the `bench` package."""
+    return importlib.import_module(f"bench.{name}")
 
 
 STUDY = Study(name="bench", budget={"max_trials": 4, "confirm_seeds": 2,
