@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from tinker.proto import tinker_public_pb2 as pb
 
+from server.distributed.state_writer import host_copy
 from server.engine.engine import Engine, RunState
 from server.engine.lora import AdapterWeights, LoraSpec
 
@@ -124,16 +125,26 @@ class RunStateSaves:
         return self.root / run_id.replace("/", "_").replace(":", "_")
 
     def save(self, run_id: str, state: RunState, point: SavePoint) -> None:
-        directory = self._dir(run_id)
-        directory.mkdir(parents=True, exist_ok=True)
+        self.write(run_id, self.snapshot(state), point)
+
+    @staticmethod
+    def snapshot(state: RunState) -> dict[str, Any]:
+        """What a save writes, copied to host memory: taken on the engine thread between steps,
+        written later by `write` while the engine goes on."""
         adapter = state.adapter
-        payload = {
+        return host_copy({
             "spec": asdict(adapter.spec),
-            "a": {k: v.detach().cpu() for k, v in adapter.a.items()},
-            "b": {k: v.detach().cpu() for k, v in adapter.b.items()},
+            "a": dict(adapter.a),
+            "b": dict(adapter.b),
             "optimizer": state.optimizer.state_dict(),
             "steps": state.steps,
-        }
+        })
+
+    def write(self, run_id: str, payload: dict[str, Any], point: SavePoint) -> None:
+        """The state file first, then the pointer to it: a crash between the two leaves the
+        previous save in force, never a pointer to a step the file lacks."""
+        directory = self._dir(run_id)
+        directory.mkdir(parents=True, exist_ok=True)
         point.file = f"state-{point.next_seq}.pt"
         _atomic(directory / point.file, lambda tmp: torch.save(payload, tmp))
         # The pointer is replaced last: a crash before it leaves the previous save in force.

@@ -24,6 +24,7 @@ import shutil
 import threading
 import time
 import uuid
+from concurrent.futures import Future
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from server.distributed.journal import (
 from server.distributed.placement import TAKE_OVER, new_session_id, session_of_id
 from server.distributed.sampler import ALL_MODULES, SamplerWorker, served_modules
 from server.distributed.snapshots import load_snapshot, snapshot_checkpoint, write_snapshot
+from server.distributed.state_writer import StateWriter
 from server.distributed.store import (
     REPLY_TTL_SECONDS,
     RedisFutureStore,
@@ -123,6 +125,8 @@ class DistributedService(TrainingService):
         self.data_dir = checkpoints.root
         self.saves = RunStateSaves(self.data_dir)
         self.save_every = max(1, save_every)
+        self.writer = StateWriter()
+        self._unsequenced_lock = threading.Lock()
         self.worker_id = ""
         self.replaying = False
         self.remote_sampled = False
@@ -155,7 +159,7 @@ class DistributedService(TrainingService):
         key = self.keys.run_log(run_id)
         entries = self.redis.redis.lrange(key, 0, -1)
         self.redis.redis.delete(key, *(self.keys.op(parse_entry(e)[0]) for e in entries))
-        self.saves.delete(run_id)
+        self.writer.submit(lambda: self.saves.delete(run_id))  # after its pending saves
 
     def _drop_session(self, session: Session) -> None:
         """A dropped session's journal and placement go with it, so no take-over replays it and
@@ -195,7 +199,8 @@ class DistributedService(TrainingService):
                  error: BaseException | None) -> None:
         """On the engine thread, after an op's result is stored: save every few steps."""
         if seq_id is None and op_id:
-            self._unsequenced[run.run_id].append(op_id)
+            with self._unsequenced_lock:
+                self._unsequenced[run.run_id].append(op_id)
         if seq_id is not None:
             self._next_seq[run.run_id] = seq_id + 1
         if kind != "optim_step" or error is not None or seq_id is None:
@@ -205,13 +210,27 @@ class DistributedService(TrainingService):
             return
         try:
             self._save_run(run, seq_id + 1)
-        except Exception:  # noqa: BLE001 - a failed save only means a longer replay
+        except Exception:  # noqa: BLE001 - a failed copy only means a longer replay
             log.exception("saving state of %s failed", run.run_id)
 
-    def _save_run(self, run, next_seq: int) -> None:
-        point = SavePoint(next_seq, list(self._unsequenced[run.run_id]))
-        self.saves.save(run.run_id, self._state(run), point)
-        key = self.keys.run_log(run.run_id)
+    def _save_run(self, run, next_seq: int) -> Future:
+        """On the engine thread: copy the run's state to host memory, then hand the write to
+        the background writer (the engine goes on at once). The write puts the state file
+        before its pointer, and only then drops the journal entries the save covers, so a crash
+        at any point leaves a save and a journal that together hold every step once."""
+        run_id = run.run_id
+        with self._unsequenced_lock:
+            point = SavePoint(next_seq, list(self._unsequenced[run_id]))
+        payload = self.saves.snapshot(self._state(run))
+        return self.writer.submit(lambda: self._write_save(run_id, payload, point))
+
+    def _write_save(self, run_id: str, payload: dict[str, Any], point: SavePoint) -> None:
+        try:
+            self.saves.write(run_id, payload, point)
+        except Exception:  # noqa: BLE001 - a failed save only means a longer replay
+            log.exception("saving state of %s failed", run_id)
+            raise
+        key = self.keys.run_log(run_id)
         pipe = self.redis.redis.pipeline()
         for raw in self.redis.redis.lrange(key, 0, -1):
             op_id, seq = parse_entry(raw)
@@ -219,32 +238,34 @@ class DistributedService(TrainingService):
                 pipe.lrem(key, 1, raw)
                 pipe.delete(self.keys.op(op_id))
         pipe.execute()
-        self._unsequenced[run.run_id] = [
-            op for op in self._unsequenced[run.run_id] if op not in point.unsequenced
-        ]
-        log.info("saved state of %s at seq %d", run.run_id, next_seq)
+        with self._unsequenced_lock:
+            self._unsequenced[run_id] = [
+                op for op in self._unsequenced[run_id] if op not in point.unsequenced
+            ]
+        log.info("saved state of %s at seq %d", run_id, point.next_seq)
 
-    def save_all_runs(self) -> int:
+    def save_all_runs(self, timeout: float = 120.0) -> int:
         """Save every run at the point the engine reached (a drained trainer's last act, so the
-        replica that takes its sessions over replays nothing). Runs the saves on the engine
-        thread, after the work already queued; returns how many were saved."""
-        saved: list[str] = []
-        done = threading.Event()
+        replica that takes its sessions over replays nothing). The copies are taken on the
+        engine thread, after the work already queued; this returns once they are written, with
+        how many were."""
+        pending: list[Future] = []
+        copied = threading.Event()
 
         def save() -> None:
             try:
                 for run_id, run in list(self.runs.items()):
                     try:
-                        self._save_run(run, self._next_seq.get(run_id, 0))
-                        saved.append(run_id)
+                        pending.append(self._save_run(run, self._next_seq.get(run_id, 0)))
                     except Exception:  # noqa: BLE001 - that run's journal replays instead
                         log.exception("saving state of %s failed", run_id)
             finally:
-                done.set()
+                copied.set()
 
         self.scheduler.submit_control(Work(None, "save-all", lambda *_: None, action=save))
-        done.wait(timeout=120)
-        return len(saved)
+        copied.wait(timeout=timeout)
+        self.writer.flush(timeout=timeout)
+        return sum(1 for f in pending if f.done() and f.exception() is None)
 
     def restore_run(self, run_id: str, point: SavePoint) -> None:
         """Queue a run's saved state ahead of its remaining ops (called while replaying)."""
@@ -261,7 +282,8 @@ class DistributedService(TrainingService):
         for seq in range(1, point.next_seq):  # the stream resumes after the saved steps
             self.scheduler.submit_ordered(Work(run_id, "restored", lambda *_: None,
                                                action=lambda: None, seq_id=seq))
-        self._unsequenced[run_id] = list(point.unsequenced)
+        with self._unsequenced_lock:
+            self._unsequenced[run_id] = list(point.unsequenced)
         self._next_seq[run_id] = point.next_seq
 
     def delete_run(self, owner: str, run_id: str) -> None:
@@ -473,6 +495,7 @@ class TrainerWorker:
         self._drain.join(timeout=30)
         self.store.redis.delete(self.keys.alive("trainer", self.worker_id))
         self.service.scheduler.stop()
+        self.service.writer.close()
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         stalled = self.service.scheduler.stalled_seconds()
