@@ -126,12 +126,18 @@ def _is_lock_error(exc: Exception) -> bool:
     return "lock" in text or "conflicting" in text or "different configuration" in text
 
 
+# Declaration fields that describe a study without changing what it runs.
+NOT_EVIDENCE = ("expected_time",)
+
+
 def evidence_key(spec: dict[str, Any]) -> str:
     """What a new study's evidence seeds are drawn from: its first declaration, whole. Two
     studies declared differently (another search space, name or seed) get other seed-bank and
     confirmation seeds, so their runs are fresh evidence; the same declaration run again
-    reproduces its runs. Journaled once, so re-declaring a resumed study keeps its seeds."""
-    text = json.dumps(spec, sort_keys=True, default=str)
+    reproduces its runs. Journaled once, so re-declaring a resumed study keeps its seeds. What
+    a study is expected to cost (`expected_time`) describes it and is left out."""
+    experiment = {k: v for k, v in spec.items() if k not in NOT_EVIDENCE}
+    text = json.dumps(experiment, sort_keys=True, default=str)
     return "spec-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

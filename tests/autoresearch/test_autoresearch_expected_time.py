@@ -54,3 +54,14 @@ def test_the_demo_declares_what_it_was_measured_to_take():
     assert expected is not None and expected.target_minutes == 20 and expected.measured
     for measured in expected.measured:
         assert (DEMO.parents[2] / measured.source.split("#")[0]).is_file()
+
+
+def test_what_a_study_is_expected_to_cost_does_not_change_its_evidence_seeds():
+    from autoresearch.study.journal import evidence_key
+
+    bare = Study(name="costs")
+    priced = Study(name="costs", expected_time=EXPECTED)
+    assert (evidence_key(bare.model_dump(mode="json"))
+            == evidence_key(priced.model_dump(mode="json")))
+    assert (evidence_key(bare.model_dump(mode="json"))
+            != evidence_key(Study(name="costs", seed=1).model_dump(mode="json")))
