@@ -28,6 +28,16 @@ def _study(name: str, cache: Path, lr: float = 5e-4, **extra) -> Study:
                  budget={"max_trials": 3, "confirm_seeds": 0}, **extra)
 
 
+def _study_with_transfer(name: str, tmp_path: Path, space: dict, budget: dict) -> Study:
+    """A warmed-up study whose final check reads transfer beside test."""
+    return Study(name=name, search_space=space,
+                 base_trial={"sft": {"steps": 0}, "rl": {"steps": 4},
+                             "eval": {"every": 0, "transfer_tasks": 40}},
+                 warmup={"sft": {"steps": 3, "batch_size": 4},
+                         "cache_dir": str(tmp_path / "cache")},
+                 budget=budget)
+
+
 def test_the_warmup_runs_first_and_every_trial_starts_from_its_checkpoint(tmp_path: Path):
     executor = SyntheticExecutor(lambda c: 0.3)
     outcome = run_study(_study("warm", tmp_path / "cache"), tmp_path / "a", executor=executor)
@@ -214,13 +224,9 @@ def test_with_nothing_kept_the_seed_bank_meets_the_warmup_on_test_with_runs_as_t
         return 0.2 if config.rl.adam.learning_rate == TrialConfig().rl.adam.learning_rate else 0.05
 
     executor = SyntheticExecutor(quality, tasks=96)
-    study = Study(name="bank-on-test", search_space=LR,
-                  base_trial={"sft": {"steps": 0}, "rl": {"steps": 4},
-                              "eval": {"every": 0, "transfer_tasks": 40}},
-                  warmup={"sft": {"steps": 3, "batch_size": 4},
-                          "cache_dir": str(tmp_path / "cache")},
-                  budget={"max_trials": 3, "confirm_seeds": 1, "max_confirm_trials": 2,
-                          "seed_bank": 3})
+    study = _study_with_transfer("bank-on-test", tmp_path, LR,
+                                 {"max_trials": 3, "confirm_seeds": 1, "max_confirm_trials": 2,
+                                  "seed_bank": 3})
     outcome = run_study(study, tmp_path / "a", executor=executor)
     journal = Journal(tmp_path / "a", read_only=True)
     assert outcome.best["role"] == "baseline"
@@ -246,14 +252,10 @@ def test_after_a_keep_both_fresh_arms_meet_the_warmup_on_test_and_transfer(tmp_p
             return 0.4
         return 0.3 if config.rl.adam.learning_rate == TrialConfig().rl.adam.learning_rate else 0.8
 
-    study = Study(name="keep-vs-warmup",
-                  search_space={"rl.adam.learning_rate": {"choices": [1e-4, 2e-4]}},
-                  base_trial={"sft": {"steps": 0}, "rl": {"steps": 4},
-                              "eval": {"every": 0, "transfer_tasks": 40}},
-                  warmup={"sft": {"steps": 3, "batch_size": 4},
-                          "cache_dir": str(tmp_path / "cache")},
-                  budget={"max_trials": 2, "confirm_seeds": 1, "max_confirm_trials": 2,
-                          "test_seeds": 2})
+    study = _study_with_transfer("keep-vs-warmup", tmp_path,
+                                 {"rl.adam.learning_rate": {"choices": [1e-4, 2e-4]}},
+                                 {"max_trials": 2, "confirm_seeds": 1, "max_confirm_trials": 2,
+                                  "test_seeds": 2})
     outcome = run_study(study, tmp_path / "a", executor=SyntheticExecutor(quality, tasks=96))
     assert outcome.best["role"] == "explore"  # kept
     journal = Journal(tmp_path / "a", read_only=True)
