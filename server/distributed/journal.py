@@ -116,16 +116,19 @@ class SavePoint:
 
 
 class RunStateSaves:
-    """`<data_dir>/distributed/run-state/<run>/`: the latest saved state of each run."""
+    """`<data_dir>/distributed/run-state/<run>/`: the saved state files of each run.
+
+    Which file is in force is not decided here: its pointer (a `SavePoint`) is written to Redis
+    by the trainer, in the same transaction that trims the journal and fenced on the session's
+    placement, so a trainer that lost the session can write a file nobody points to, never a
+    pointer. A `point.json` beside the files is the pointer of saves made before that, still
+    read when Redis has none."""
 
     def __init__(self, data_dir: Path):
         self.root = Path(data_dir) / "distributed" / "run-state"
 
     def _dir(self, run_id: str) -> Path:
         return self.root / run_id.replace("/", "_").replace(":", "_")
-
-    def save(self, run_id: str, state: RunState, point: SavePoint) -> None:
-        self.write(run_id, self.snapshot(state), point)
 
     @staticmethod
     def snapshot(state: RunState) -> dict[str, Any]:
@@ -140,21 +143,28 @@ class RunStateSaves:
             "steps": state.steps,
         })
 
-    def write(self, run_id: str, payload: dict[str, Any], point: SavePoint) -> None:
-        """The state file first, then the pointer to it: a crash between the two leaves the
-        previous save in force, never a pointer to a step the file lacks."""
+    def write(self, run_id: str, payload: dict[str, Any], point: SavePoint,
+              writer: str = "") -> None:
+        """The state file, whole or not at all (`point.file` names it). The name carries the
+        writer, so two trainers that both believe they own a run never write the same file."""
         directory = self._dir(run_id)
         directory.mkdir(parents=True, exist_ok=True)
-        point.file = f"state-{point.next_seq}.pt"
+        point.file = f"state-{point.next_seq}{'-' + writer if writer else ''}.pt"
         _atomic(directory / point.file, lambda tmp: torch.save(payload, tmp))
-        # The pointer is replaced last: a crash before it leaves the previous save in force.
-        pointer = json.dumps(asdict(point))
-        _atomic(directory / "point.json", lambda tmp: Path(tmp).write_text(pointer))
-        for old in directory.glob("state-*.pt"):
-            if old.name != point.file:
-                old.unlink(missing_ok=True)
 
-    def point(self, run_id: str) -> SavePoint | None:
+    def prune(self, run_id: str, keep: str) -> None:
+        """Remove every state file but the one in force (and the legacy pointer)."""
+        for old in self._dir(run_id).glob("state-*.pt"):
+            if old.name != keep:
+                old.unlink(missing_ok=True)
+        (self._dir(run_id) / "point.json").unlink(missing_ok=True)
+
+    def prune_file(self, run_id: str, name: str) -> None:
+        """Remove one state file (a save whose pointer was refused)."""
+        (self._dir(run_id) / name).unlink(missing_ok=True)
+
+    def legacy_point(self, run_id: str) -> SavePoint | None:
+        """The pointer file of a save made before pointers moved to Redis."""
         try:
             return SavePoint(**json.loads((self._dir(run_id) / "point.json").read_text()))
         except FileNotFoundError:

@@ -108,6 +108,9 @@ class Keys:
     def run_log(self, run_id: str) -> str:
         return self("log", "run", run_id)
 
+    def run_save(self, run_id: str) -> str:
+        return self("save", "run", run_id)
+
     def alive(self, role: str, worker_id: str) -> str:
         return self(role, "alive", worker_id)
 

@@ -9,8 +9,15 @@ its taken list), runs each through the ordinary FastAPI app in process, journals
 acknowledges it in one transaction fenced on the session's placement, and publishes the reply.
 Its heartbeat key is its lease: when it lapses, another replica takes the sessions over (one Lua
 script re-places them and moves the queue), restores each run's saved state and replays the
-rest of its journal. A replica that finds its own heartbeat gone exits instead of forking the
-runs; one that is stopped saves its runs first, so the take-over replays nothing.
+rest of its journal. Every write a replica makes for a session (a journal entry, a save's
+pointer and the journal trim it allows) is one Redis transaction fenced on the session's
+placement: a replica that lost a session cannot write for it, and drops it from memory instead
+of forking it. A Redis outage therefore costs nothing but time: while Redis is away nobody can
+take anything over, and when it returns a replica takes over only after it has itself been
+connected for a heartbeat's TTL, by which time every live replica has renewed its own; a
+replica that was taken over all the same (cut off alone for longer than the TTL) drops its
+sessions and rejoins empty. One that is stopped saves its runs first, so the take-over replays
+nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +26,6 @@ import asyncio
 import collections
 import json
 import logging
-import os
 import shutil
 import threading
 import time
@@ -61,12 +67,13 @@ from server.storage.checkpoints import CheckpointStore, TinkerPath
 
 log = logging.getLogger(__name__)
 
-RENEW_HEARTBEAT = """
--- Renews a heartbeat that has not lapsed; a lapsed one stays gone (its sessions moved on).
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[1])
-end
-return 0
+BEAT = """
+-- KEYS: the trainer's alive key, the trainer members. ARGV: ttl in ms, the trainer's id.
+-- Renews the heartbeat of a member, lapsed or not (a Redis outage lapses every heartbeat at
+-- once); a trainer that is no member was taken over (its sessions moved on): 0.
+if redis.call('SISMEMBER', KEYS[2], ARGV[2]) == 0 then return 0 end
+redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[1])
+return 1
 """
 
 TAKE_SHARED = """
@@ -88,6 +95,10 @@ return op
 """
 _LOCAL = object()
 FAULT_REPLY_TTL_SECONDS = 30
+
+
+class SessionLost(RuntimeError):
+    """A write for a session that another trainer owns now: refused by its fence."""
 
 
 def control_session(op_id: str, path: str, body: bytes) -> str | None:
@@ -129,6 +140,8 @@ class DistributedService(TrainingService):
         self._unsequenced_lock = threading.Lock()
         self.worker_id = ""
         self.replaying = False
+        self.lost_sessions: set[str] = set()
+        self._forgetting_locally = False
         self.remote_sampled = False
         self._next_seq: dict[str, int] = {}
         self._steps: collections.Counter[str] = collections.Counter()
@@ -153,18 +166,66 @@ class DistributedService(TrainingService):
     def _free_run(self, run_id: str, reason: str) -> None:
         """A freed run's journal goes with it: its log, its ops and its saved state."""
         super()._free_run(run_id, reason)
-        self._forget_run_journal(run_id)
+        if not self._forgetting_locally:
+            self._forget_run_journal(run_id)
 
     def _forget_run_journal(self, run_id: str) -> None:
         key = self.keys.run_log(run_id)
         entries = self.redis.redis.lrange(key, 0, -1)
-        self.redis.redis.delete(key, *(self.keys.op(parse_entry(e)[0]) for e in entries))
-        self.writer.submit(lambda: self.saves.delete(run_id))  # after its pending saves
+        self.redis.redis.delete(key, self.keys.run_save(run_id),
+                                *(self.keys.op(parse_entry(e)[0]) for e in entries))
+        def delete_saves() -> None:  # after its pending saves, pointers and all
+            self.saves.delete(run_id)
+            self.redis.redis.delete(self.keys.run_save(run_id))
+
+        self.writer.submit(delete_saves)
+
+    def lose_sessions(self, sessions: set[str], why: str) -> None:
+        """Sessions another replica owns now: nothing more is written for them (every write is
+        fenced anyway), and their runs and samplers leave this replica's memory, on the engine
+        thread, without touching their journals, saves or snapshots, which are the new owner's."""
+        fresh = set(sessions) - self.lost_sessions
+        if not fresh:
+            return
+        self.lost_sessions |= fresh
+        log.warning("trainer %s lost sessions %s (%s); dropping them here, their journals "
+                    "and saves are the new owner's", self.worker_id, sorted(fresh), why)
+
+        def forget() -> None:
+            self._forgetting_locally = True
+            try:
+                for session_id in sorted(fresh):
+                    for sampler_id in [s for s in self.samplers
+                                       if session_of_id(s) == session_id]:
+                        self._free_sampler(sampler_id, f"its session moved ({why})")
+                    session = self.sessions.get(session_id)
+                    if session is not None:
+                        self._drop_session(session)
+                    for run_id in [r for r in self.runs if session_of_id(r) == session_id]:
+                        self._free_run(run_id, f"its session moved ({why})")
+                    for table in (self._next_seq, self._steps):
+                        for run_id in [r for r in table if session_of_id(r) == session_id]:
+                            del table[run_id]
+                    with self._unsequenced_lock:
+                        for run_id in [r for r in self._unsequenced
+                                       if session_of_id(r) == session_id]:
+                            del self._unsequenced[run_id]
+            finally:
+                self._forgetting_locally = False
+
+        self.scheduler.submit_control(Work(None, "lose-sessions", lambda *_: None,
+                                           action=forget))
+
+    def owns(self, session: str) -> bool:
+        """Whether this replica still holds `session` (not known lost)."""
+        return session not in self.lost_sessions
 
     def _drop_session(self, session: Session) -> None:
         """A dropped session's journal and placement go with it, so no take-over replays it and
         Redis holds only the live sessions' history."""
         super()._drop_session(session)
+        if self._forgetting_locally:
+            return
         log_key = self.keys.control_log(session.session_id)
         entries = self.redis.redis.lrange(log_key, 0, -1)
         pipe = self.redis.redis.pipeline(transaction=True)
@@ -225,24 +286,58 @@ class DistributedService(TrainingService):
         return self.writer.submit(lambda: self._write_save(run_id, payload, point))
 
     def _write_save(self, run_id: str, payload: dict[str, Any], point: SavePoint) -> None:
+        """The state file, then, in one transaction fenced on the session's placement, its
+        pointer and the trim of the journal entries it covers."""
         try:
-            self.saves.write(run_id, payload, point)
+            self.saves.write(run_id, payload, point, writer=self.worker_id)
         except Exception:  # noqa: BLE001 - a failed save only means a longer replay
             log.exception("saving state of %s failed", run_id)
             raise
-        key = self.keys.run_log(run_id)
-        pipe = self.redis.redis.pipeline()
-        for raw in self.redis.redis.lrange(key, 0, -1):
-            op_id, seq = parse_entry(raw)
-            if point.covers(op_id, seq):
-                pipe.lrem(key, 1, raw)
-                pipe.delete(self.keys.op(op_id))
-        pipe.execute()
+        if not self._commit_save(run_id, point):
+            self.saves.prune_file(run_id, point.file)
+            raise SessionLost(f"run {run_id} moved to another trainer; its save was dropped")
+        self.saves.prune(run_id, keep=point.file)
         with self._unsequenced_lock:
             self._unsequenced[run_id] = [
                 op for op in self._unsequenced[run_id] if op not in point.unsequenced
             ]
         log.info("saved state of %s at seq %d", run_id, point.next_seq)
+
+    def _commit_save(self, run_id: str, point: SavePoint) -> bool:
+        """Point at a written state file and trim the journal it covers, only while this
+        replica owns the run's session; False (and the session lost) otherwise."""
+        session = session_of_id(run_id)
+        redis, key = self.redis.redis, self.keys.run_log(run_id)
+        placement = self.keys.placement(session or "")
+        with redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(placement, key)
+                    owner = pipe.get(placement)
+                    if session is None or (owner is not None
+                                           and owner.decode() != self.worker_id):
+                        if session is not None:
+                            self.lose_sessions({session}, f"placed on {owner.decode()}")
+                        return False
+                    entries = pipe.lrange(key, 0, -1)
+                    pipe.multi()
+                    pipe.set(self.keys.run_save(run_id), json.dumps(asdict(point)))
+                    for raw in entries:
+                        op_id, seq = parse_entry(raw)
+                        if point.covers(op_id, seq):
+                            pipe.lrem(key, 1, raw)
+                            pipe.delete(self.keys.op(op_id))
+                    pipe.execute()
+                    return True
+                except redis_errors.WatchError:
+                    continue
+
+    def save_point(self, run_id: str) -> SavePoint | None:
+        """The save in force for a run: its pointer in Redis, else a legacy pointer file."""
+        raw = self.redis.redis.get(self.keys.run_save(run_id))
+        if raw is not None:
+            return SavePoint(**json.loads(raw))
+        return self.saves.legacy_point(run_id)
 
     def save_all_runs(self, timeout: float = 120.0) -> int:
         """Save every run at the point the engine reached (a drained trainer's last act, so the
@@ -256,7 +351,8 @@ class DistributedService(TrainingService):
             try:
                 for run_id, run in list(self.runs.items()):
                     try:
-                        pending.append(self._save_run(run, self._next_seq.get(run_id, 0)))
+                        if self.owns(session_of_id(run_id) or ""):
+                            pending.append(self._save_run(run, self._next_seq.get(run_id, 0)))
                     except Exception:  # noqa: BLE001 - that run's journal replays instead
                         log.exception("saving state of %s failed", run_id)
             finally:
@@ -309,6 +405,9 @@ class DistributedService(TrainingService):
         """A freed sampling session also leaves Redis and, once no session uses it, its
         snapshot directory leaves the shared storage."""
         super()._free_sampler(sampler_id, reason)
+        if self._forgetting_locally:
+            self._sampler_dirs.pop(sampler_id, None)
+            return
         self.redis.redis.delete(self.keys.sampler_session(sampler_id))
         directory = self._sampler_dirs.pop(sampler_id, None)
         if directory is not None and directory not in self._sampler_dirs.values():
@@ -458,7 +557,10 @@ class TrainerWorker:
         self.taken_over: list[dict[str, Any]] = []
         self._unfinished: dict[str, Any] = {}
         self._stop = threading.Event()
-        self._renew = self.store.redis.register_script(RENEW_HEARTBEAT)
+        self._connected_since: float | None = None
+        self._away_since: float | None = None
+        self.rejoins = 0
+        self._beat = self.store.redis.register_script(BEAT)
         self._take_over = self.store.redis.register_script(TAKE_OVER)
         self._take_shared = self.store.redis.register_script(TAKE_SHARED)
         self._dispatcher = threading.Thread(target=self._dispatch_thread, name="dispatcher",
@@ -474,6 +576,7 @@ class TrainerWorker:
     # ---------------------------------------------------------- lifecycle
     def start(self) -> TrainerWorker:
         self.store.heartbeat("trainer", self.worker_id, self.heartbeat_ttl)
+        self._connected_since = time.monotonic()
         log.info("trainer %s joined", self.worker_id)
         self._heart.start()
         self._dispatcher.start()
@@ -506,17 +609,49 @@ class TrainerWorker:
                        "engine_stalled": not healthy, "sessions": sessions}
 
     def _heartbeat_thread(self) -> None:
-        ttl_ms = int(self.heartbeat_ttl * 1000)
         while not self._stop.wait(self.heartbeat_ttl / 4):
-            try:
-                if not self._renew(keys=[self.keys.alive("trainer", self.worker_id)],
-                                   args=[ttl_ms]):
-                    # Another replica may own these sessions now: going on would fork them.
-                    log.critical("trainer %s missed its heartbeat; its sessions moved on; "
-                                 "exiting", self.worker_id)
-                    os._exit(3)
-            except Exception:  # noqa: BLE001 - a Redis hiccup must not kill the heartbeat
-                log.exception("trainer heartbeat failed")
+            self.beat_once()
+
+    def beat_once(self) -> bool:
+        """Renew this replica's heartbeat; True if Redis answered. Never exits: while Redis is
+        away the replica keeps its sessions (nobody can take them over meanwhile), and a
+        replica found taken over when it answers drops them and rejoins (`_rejoin`)."""
+        try:
+            renewed = self._beat(keys=[self.keys.alive("trainer", self.worker_id),
+                                       self.keys.members("trainer")],
+                                 args=[int(self.heartbeat_ttl * 1000), self.worker_id,
+                                       str(time.time())])
+        except Exception:  # noqa: BLE001 - Redis away: keep the sessions, keep trying
+            self._connected_since = None
+            if self._away_since is None:
+                self._away_since = time.monotonic()
+                log.warning("trainer %s cannot reach Redis; keeping its sessions and "
+                            "retrying", self.worker_id, exc_info=True)
+            return False
+        if self._away_since is not None:
+            log.warning("trainer %s reached Redis again after %.0f s", self.worker_id,
+                        time.monotonic() - self._away_since)
+            self._away_since = None
+        if self._connected_since is None:
+            self._connected_since = time.monotonic()
+        if not renewed:
+            self._rejoin()
+        return True
+
+    def connected_for(self) -> float:
+        """Seconds this replica has reached Redis without a break (0 while it cannot)."""
+        since = self._connected_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def _rejoin(self) -> None:
+        """Taken over while cut off from Redis: every session this replica holds is another's
+        now. Drop them here and join again, empty, under the same id."""
+        held = set(self.service.sessions) | {
+            s for s in (session_of_id(r) for r in self.service.runs) if s}
+        self.service.lose_sessions(held, "this trainer was taken over while cut off")
+        self.store.heartbeat("trainer", self.worker_id, self.heartbeat_ttl)
+        self.rejoins += 1
+        log.warning("trainer %s rejoined empty after being taken over", self.worker_id)
 
     def _drain_thread(self) -> None:
         while not self._stop.wait(1.0):
@@ -566,7 +701,11 @@ class TrainerWorker:
 
     async def take_over_lapsed(self) -> None:
         """Take over every trainer whose heartbeat lapsed: its sessions, its queue, and what it
-        had taken; then rebuild those sessions from their journals."""
+        had taken; then rebuild those sessions from their journals. Only once this replica has
+        itself reached Redis for a heartbeat's TTL without a break: after an outage every
+        heartbeat has lapsed, and the live replicas need that long to renew theirs."""
+        if self.connected_for() < self.heartbeat_ttl:
+            return
         redis, keys = self.store.redis, self.keys
         members = {m.decode() for m in redis.smembers(keys.members("trainer"))}
         for dead in sorted(members - {self.worker_id}):
@@ -603,7 +742,7 @@ class TrainerWorker:
                     replayed += 1
             service.restore_sampler_sessions(sessions)
             for run_id in [r for r in service.runs if session_of_id(r) in sessions]:
-                point = service.saves.point(run_id)
+                point = service.save_point(run_id)
                 if point is not None:
                     service.restore_run(run_id, point)
                 for raw in redis.lrange(keys.run_log(run_id), 0, -1):
@@ -649,7 +788,8 @@ class TrainerWorker:
                         and not self.service.remote_sampled)
 
         def finish() -> None:
-            self._acknowledge(op_id, method, path, body, target, sampled_here)
+            if not self._acknowledge(op_id, method, path, body, target, sampled_here):
+                return  # its session moved: the new owner answers it
             if response.status_code >= 500:
                 # A server fault may be transient: waiters see it, a retry enqueues afresh.
                 redis.delete(keys.claim(op_id))
@@ -684,9 +824,11 @@ class TrainerWorker:
                         op_id)
 
     def _acknowledge(self, op_id: str, method: str, path: str, body: bytes,
-                     target: Target | None, sampled_here: bool) -> None:
+                     target: Target | None, sampled_here: bool) -> bool:
         """Journal (if it changed state) and acknowledge an op in one transaction, fenced on
-        its session's placement: if another replica owns the session now, this one exits."""
+        its session's placement. False when another replica owns the session now: nothing is
+        written, the session leaves this replica, and the op (moved with the session's queue)
+        is the new owner's to apply and answer."""
         redis, keys = self.store.redis, self.keys
         session = log_key = None
         if target is not None:
@@ -701,7 +843,7 @@ class TrainerWorker:
                 pipe.lrem(self.taken, 0, op_id)
                 pipe.delete(keys.op(op_id))
                 pipe.execute()
-            return
+            return True
         placement = keys.placement(session)
         with redis.pipeline(transaction=True) as pipe:
             while True:
@@ -709,9 +851,9 @@ class TrainerWorker:
                     pipe.watch(placement)
                     owner = pipe.get(placement)
                     if owner is not None and owner.decode() != self.worker_id:
-                        log.critical("trainer %s lost session %s to %s; exiting",
-                                     self.worker_id, session, owner.decode())
-                        os._exit(3)
+                        pipe.reset()
+                        self.service.lose_sessions({session}, f"placed on {owner.decode()}")
+                        return False
                     pipe.multi()
                     pipe.rpush(log_key, log_entry(op_id, target.seq_id))
                     if owner is None and path == "/create_session":
@@ -720,6 +862,6 @@ class TrainerWorker:
                     pipe.hset(keys.op(op_id), "body", body)
                     pipe.lrem(self.taken, 0, op_id)
                     pipe.execute()
-                    return
+                    return True
                 except redis_errors.WatchError:
                     continue

@@ -68,10 +68,10 @@ def test_a_slow_share_does_not_hold_the_engine_and_the_save_is_the_state_it_copi
     release, started = threading.Event(), threading.Event()
     write = service.saves.write
 
-    def slow_write(*args):
+    def slow_write(*args, **kwargs):
         started.set()
         release.wait(30)
-        write(*args)
+        write(*args, **kwargs)
 
     service.saves.write = slow_write
     began = time.monotonic()
@@ -82,10 +82,10 @@ def test_a_slow_share_does_not_hold_the_engine_and_the_save_is_the_state_it_copi
     copied = live[name].detach().clone()
     with torch.no_grad():
         live[name].add_(1.0)  # the engine's next step, while the write waits
-    assert service.saves.point(RUN) is None and len(_journaled(service)) == 3
+    assert service.save_point(RUN) is None and len(_journaled(service)) == 3
     release.set()
     future.result(timeout=30)
-    point = service.saves.point(RUN)
+    point = service.save_point(RUN)
     assert point is not None and point.next_seq == 3
     saved = torch.load(service.saves._dir(RUN) / point.file, weights_only=True)
     assert torch.equal(saved["a"][name], copied)
@@ -96,14 +96,14 @@ def test_a_failed_write_keeps_the_previous_save_and_the_whole_journal(service):
     run = SimpleNamespace(run_id=RUN)
     _journal(service, [1, 2])
     service._save_run(run, 2).result(timeout=30)
-    first = service.saves.point(RUN)
+    first = service.save_point(RUN)
     _journal(service, [3, 4])
 
-    service.saves.write = lambda run_id, payload, point: (_ for _ in ()).throw(
+    service.saves.write = lambda run_id, payload, point, **_: (_ for _ in ()).throw(
         OSError(28, "No space left on device"))
     with pytest.raises(OSError):
         service._save_run(run, 4).result(timeout=30)
-    assert service.saves.point(RUN) == first
+    assert service.save_point(RUN) == first
     assert _journaled(service) == ["op-2|2", "op-3|3", "op-4|4"]
 
 
@@ -111,12 +111,12 @@ def test_a_run_freed_with_a_save_pending_leaves_no_state_behind(service):
     run = SimpleNamespace(run_id=RUN)
     release = threading.Event()
     write = service.saves.write
-    service.saves.write = lambda *args: (release.wait(30), write(*args))
+    service.saves.write = lambda *args, **kw: (release.wait(30), write(*args, **kw))
     service._save_run(run, 2)
     service._forget_run_journal(RUN)
     release.set()
     assert service.writer.flush(timeout=30)
-    assert not service.saves._dir(RUN).exists() and service.saves.point(RUN) is None
+    assert not service.saves._dir(RUN).exists() and service.save_point(RUN) is None
 
 
 def test_waiting_copies_are_bounded_and_written_in_order():
