@@ -5,7 +5,8 @@ and volume mounts (read-only root filesystems and read-only mounts enforced in m
 namespaces), a real `redis-server`, the project's vLLM stand-in where the GPU would be, and the
 `tinker` SDK driving a training loop through the API Service's address. The split overlay runs
 two trainers and loses, one at a time, a trainer mid-step (killed), the other trainer (its pod
-deleted, so drained), a gateway, the vLLM container, the sampler worker and Redis; its runs
+deleted, so drained), a gateway, the vLLM container, the sampler worker and Redis (killed, then
+away for three heartbeat TTLs, which no trainer may exit or move a session for); its runs
 must come out bit-for-bit as on the undisturbed single-GPU overlay, with every sample answered.
 The study-job overlays run beside the single-GPU server: the study creates its trials as Jobs
 through a local stand-in for the Kubernetes API, loses its own pod, and resumes in the retry.
@@ -93,8 +94,14 @@ def test_the_split_overlay_loses_nothing_when_each_role_dies_in_turn(single_gpu,
     cluster = split.cluster
     events = [text for _, text in cluster.events]
     for victim in ("trainer-0/trainer killed", "vllm killed", "trainer-1 deleted",
-                   "gateway-0/gateway killed", "sampler killed", "redis killed"):
+                   "gateway-0/gateway killed", "sampler killed", "redis killed",
+                   f"redis-0 down for {scenario.REDIS_OUTAGE_SECONDS:.0f} s"):
         assert any(victim in text for text in events), victim
+    # Redis away for three heartbeat TTLs: no trainer exited and no session moved.
+    facts = split.facts
+    assert facts["placed after the outage"] == facts["placed before the outage"]
+    assert (facts["trainer restarts after the outage"]
+            == facts["trainer restarts before the outage"])
     # Bit for bit the undisturbed server's losses: no step lost, none applied twice.
     for name, record in split.records.items():
         assert record.losses == single_gpu.records[name].losses, name

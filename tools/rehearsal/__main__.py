@@ -1,4 +1,5 @@
-"""`python -m tools.rehearsal single-gpu|split [--trainers N] [--steps N] [--model DIR]`:
+"""`python -m tools.rehearsal single-gpu|split [--trainers N] [--steps N] [--model DIR]
+[--redis-outage SECONDS]`:
 rehearse an overlay here and print its timeline (see `scenario.py`)."""
 
 from __future__ import annotations
@@ -19,13 +20,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--model", type=Path, default=None,
                         help="a local model directory (default: a tiny random Gemma 3)")
+    parser.add_argument("--redis-outage", type=float, default=scenario.REDIS_OUTAGE_SECONDS,
+                        help="seconds the split rehearsal's Redis stays away (default: "
+                             "%(default)s; 120 for a rescheduled Redis pod)")
     parser.add_argument("--keep", action="store_true", help="keep the volumes and logs")
     args = parser.parse_args()
     model = args.model
     if model is None:
         model = build_model(Path(tempfile.mkdtemp(prefix="tiny-gemma-")) / "model")
     if args.overlay == "split":
-        rehearsal = scenario.split(model, args.steps, trainers=args.trainers)
+        rehearsal = scenario.split(model, args.steps, trainers=args.trainers,
+                                   redis_outage=args.redis_outage)
     else:
         rehearsal = scenario.single_gpu(model, args.steps)
     try:

@@ -544,6 +544,20 @@ class LocalCluster:
         self.event(f"{pod_name}/{target.spec.name} killed (SIGKILL)")
         return target
 
+    def outage(self, pod_name: str, seconds: float) -> None:
+        """Take a pod's containers away for `seconds` and then let the kubelet start them
+        again on the same volumes: a pod rescheduled with its disk re-attached elsewhere
+        (SIGTERM first, as a drain sends)."""
+        pod = self.pods[pod_name]
+        grace = pod.workload.template["spec"].get("terminationGracePeriodSeconds", 30)
+        for container in pod.containers.values():
+            container.stop(grace)
+        back = time.monotonic() + seconds
+        for container in pod.containers.values():
+            container.next_start = back
+            container.stopping = False
+        self.event(f"{pod_name} down for {seconds:.0f} s (SIGTERM; started again after)")
+
     def delete_pod(self, pod_name: str, replace: bool = True) -> Pod | None:
         """Delete a pod as `kubectl delete pod` does (SIGTERM, the grace period, SIGKILL); its
         controller creates a replacement with fresh emptyDirs."""

@@ -122,6 +122,8 @@ class Rehearsal:
     records: dict[str, RunRecord]
     seconds: float
     notes: list[str] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    """What the tests check beyond the timeline (the placements around the Redis outage)."""
 
     def report(self) -> str:
         lines = [f"# rehearsal of overlays/{self.overlay}", "", "timeline:",
@@ -195,17 +197,26 @@ def _trainer_of(cluster: LocalCluster, model_id: str, redis_url: str) -> str:
     raise LookupError(f"no live trainer pod owns {session} (placement {owner!r})")
 
 
+REDIS_OUTAGE_SECONDS = 30.0
+"""How long the split rehearsal's Redis stays away by default: three times the trainers'
+heartbeat TTL (10 s), so every heartbeat lapses while it is gone. `--redis-outage 120` gives
+the two minutes of a Redis pod rescheduled with its disk re-attached."""
+
+
 def split(model_dir: Path, steps: int, trainers: int = 2, root: Path | None = None,
-          say: Callable[[str], None] = print) -> Rehearsal:
+          say: Callable[[str], None] = print,
+          redis_outage: float = REDIS_OUTAGE_SECONDS) -> Rehearsal:
     """Redis, two gateways, `trainers` trainers and a sampler pod (worker + vLLM stand-in); the
     loop runs while, one at a time and each after the last has healed: the trainer that owns
     run a is killed mid-step, the vLLM container is killed before a sampling step, the pod of
     the trainer that owns run b is deleted (drained), a gateway is killed, the sampler worker is
-    killed before a sampling step, and Redis is killed."""
+    killed before a sampling step, Redis is killed, and Redis goes away for `redis_outage`
+    seconds mid-step (its pod rescheduled)."""
     root = root or new_root()
     started = time.monotonic()
     cluster = LocalCluster(render("split"), root, _substitutions(model_dir, root, {}), say)
     notes: list[str] = []
+    facts: dict[str, Any] = {}
     try:
         cluster.scale_up("autoresearch-redis")
         redis_url = f"redis://:{REDIS_PASSWORD}@127.0.0.1:{cluster.proxies['autoresearch-redis'].port}/0"
@@ -234,13 +245,21 @@ def split(model_dir: Path, steps: int, trainers: int = 2, root: Path | None = No
                 cluster.kill("autoresearch-sampler-0", "sampler")  # step 5 samples next
             elif step == 6:
                 cluster.kill("autoresearch-redis-0")
+            elif step == 7:
+                facts["placed before the outage"] = _placements(records, redis_url)
+                facts["trainer restarts before the outage"] = _trainer_restarts(cluster)
+                cluster.outage("autoresearch-redis-0", redis_outage)
 
         records = train(url, model, steps, disrupt)
         cluster.event("loop done: " + ", ".join(f"{n} {len(r.losses)} steps"
                                                 for n, r in records.items()))
+        facts["placed after the outage"] = _placements(records, redis_url)
+        facts["trainer restarts after the outage"] = _trainer_restarts(cluster)
+        notes += [f"{k}: {v}" for k, v in facts.items()]
         notes.append("sampled on the sampler workers: " + json.dumps(_sampled(redis_url)))
-        notes += _trainer_log_lines(cluster, ("joined", "took over", "saved", "requeued"))
-        return Rehearsal("split", cluster, records, time.monotonic() - started, notes)
+        notes += _trainer_log_lines(cluster, ("joined", "took over", "saved", "requeued",
+                                              "reach Redis", "lost sessions", "rejoined"))
+        return Rehearsal("split", cluster, records, time.monotonic() - started, notes, facts)
     except BaseException:
         cluster.close()
         raise
@@ -260,6 +279,21 @@ def _trainer_log_lines(cluster: LocalCluster, needles: tuple[str, ...]) -> list[
             if any(n in str(entry.get("message", "")) for n in needles):
                 lines.append(f"{entry.get('time')} {name}: {entry['message']}")
     return sorted(lines)
+
+
+def _placements(records: dict[str, RunRecord], redis_url: str) -> dict[str, str]:
+    """Which trainer each run's session is placed on."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    return {name: (client.get("ar:placement:" + r.model_id.split(":")[0]) or b"-").decode()
+            for name, r in records.items()}
+
+
+def _trainer_restarts(cluster: LocalCluster) -> dict[str, int]:
+    """Container restarts of each live trainer pod."""
+    return {name: pod.containers["trainer"].restarts for name, pod in cluster.pods.items()
+            if pod.workload.name == "autoresearch-trainer" and not pod.deleted}
 
 
 def _sampled(redis_url: str) -> dict[str, int]:
