@@ -43,6 +43,7 @@ from typing import Any
 
 import tinker
 
+from tools.compat_fields import FieldOutcome, FieldStatus, field_outcomes
 from tools.compat_probes import PROBES, UNSUPPORTED, Call, Workspace, family
 from tools.scrape import scrape
 
@@ -85,6 +86,8 @@ class Report:
     """Whether the server exposes its API request counter (this server's `/metrics` does); if
     not, probed methods count as supported without proof that they reached it."""
     outcomes: list[Outcome] = field(default_factory=list)
+    fields: list[FieldOutcome] = field(default_factory=list)
+    """Every field of every request type and optimizer config (`tools.compat_fields`)."""
     seconds: float = 0.0
 
     def count(self, status: Status) -> int:
@@ -157,6 +160,9 @@ def run_report(url: str, api_key: str = DEFAULT_API_KEY, timeout: float = 120.0,
         for client, cls in client_classes().items():
             for method in public_methods(cls):
                 report.outcomes.append(classify(ws, client, cls, method, timeout, counter))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report.fields = field_outcomes(ws)
     finally:
         try:
             ws.close()
@@ -233,6 +239,10 @@ def render(report: Report) -> str:
         f"{len({o.client for o in report.outcomes})} client classes, found by introspection",
         f"- Summary: **{supported} supported**, **{client_side} client-side**, "
         f"**{unsupported} unsupported by design**, **{failed} failed**",
+        f"- Request fields: {len(report.fields)} fields of "
+        f"{len({f.type_name for f in report.fields})} request types and optimizer configs, "
+        "found by introspection: " + ", ".join(
+            f"**{sum(f.status is s for f in report.fields)} {s.value}**" for s in FieldStatus),
         "",
         "*Supported* means the method was called against the server, the server received the "
         f"request ({counted}), and its answer was checked as described per row; `*_async` "
@@ -255,7 +265,27 @@ def render(report: Report) -> str:
             method = f"`{o.method}`" + (f" ({o.note})" if o.note else "")
             detail = o.detail.replace("|", "\\|").replace("\n", " ")
             lines.append(f"| {method} | {o.status.value} | {detail} |")
+    lines += render_fields(report.fields)
     return "\n".join(lines) + "\n"
+
+
+def render_fields(fields: list[FieldOutcome]) -> list[str]:
+    """The request fields section: one row per field of every request type and config."""
+    lines = [
+        "", "## Request fields and optimizer configs", "",
+        "Every field of every request model, optimizer config and parameter set in "
+        "`tinker.types`. *Served* fields name the method probe above that exercises them; "
+        "*refused by name* fields were sent through the SDK and answered with a 400 that names "
+        "them; *never sent* types were checked against the server's client configuration (or "
+        "the SDK's own modules); *protocol* fields are the SDK's plumbing; *no effect* fields "
+        "are accepted and recorded nowhere, for the reason given.",
+        "", "| Type | Field | Status | What the server does / how it was checked |",
+        "|---|---|---|---|",
+    ]
+    for f in fields:
+        detail = f.detail.replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| {f.type_name} | `{f.field}` | {f.status.value} | {detail} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     for o in report.outcomes:
         if o.status is Status.FAILED:
             print(f"  failed: {o.client}.{o.method}: {o.detail}")
+    for f in report.fields:
+        if f.status is FieldStatus.FAILED:
+            print(f"  failed field: {f.type_name}.{f.field}: {f.detail}")
     slowest = sorted(report.outcomes, key=lambda o: -o.seconds)[:5]
     print("  slowest: " + ", ".join(f"{o.client}.{o.method} {o.seconds:.1f} s" for o in slowest))
     return 0

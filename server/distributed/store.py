@@ -13,6 +13,9 @@ Key layout (all under one prefix, `ar` by default)::
     reply:<id>           string the op's HTTP answer (write-once), `reply:<id>:n` wakes waiters
     future:<id>          hash   owner, kind of a future; `result:<id>` (write-once) its result
     log:control:<session>  list journal of a session's own ops; `log:run:<run_id>` per run
+    save:run:<run_id>    string the run's save in force (its state file and what it covers)
+    key:<tag>:runs       set    the runs an API key holds on any trainer (its run quota)
+    key:<tag>:queued     hash   each trainer's queued tokens for that key (its queue quota)
     trainers, trainer:alive:<id>   worker ids and their heartbeats (keys that expire)
     samples, samples:processing:<worker>, sample:<id>   sampling jobs
     samplers, sampler:alive:<id>   sampler worker ids and heartbeats; `sampler:modules:<id>`
@@ -26,6 +29,7 @@ with BLMOVE from the list to itself (a rotation), which wakes every waiter and c
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -60,6 +64,11 @@ if redis.call('LREM', KEYS[1], 0, ARGV[1]) > 0 then
 end
 return 0
 """
+
+
+def owner_tag(owner: str) -> str:
+    """A key's name in Redis key names: a digest, so no API key is spelled in a key name."""
+    return hashlib.sha256(owner.encode()).hexdigest()[:24]
 
 
 class Keys:
@@ -110,6 +119,14 @@ class Keys:
 
     def run_save(self, run_id: str) -> str:
         return self("save", "run", run_id)
+
+    def key_runs(self, owner: str) -> str:
+        """The run ids an API key holds on any trainer (its run quota counts them)."""
+        return self("key", owner_tag(owner), "runs")
+
+    def key_backlog(self, owner: str) -> str:
+        """Each trainer's queued tokens for an API key (its queue quota sums them)."""
+        return self("key", owner_tag(owner), "queued")
 
     def alive(self, role: str, worker_id: str) -> str:
         return self(role, "alive", worker_id)

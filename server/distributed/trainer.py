@@ -93,6 +93,14 @@ end
 redis.call('LPUSH', KEYS[2], op)
 return op
 """
+ADMIT_RUN = """
+-- KEYS: the key's runs. ARGV: run id, limit. A run already counted is admitted again (a replay,
+-- a take-over); a new one only below the limit, counted in the same step.
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
+if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('SADD', KEYS[1], ARGV[1])
+return 1
+"""
 _LOCAL = object()
 FAULT_REPLY_TTL_SECONDS = 30
 
@@ -142,6 +150,8 @@ class DistributedService(TrainingService):
         self.replaying = False
         self.lost_sessions: set[str] = set()
         self._forgetting_locally = False
+        self._admit_run_script = store.redis.register_script(ADMIT_RUN)
+        self._published_backlog: set[str] = set()
         self.remote_sampled = False
         self._next_seq: dict[str, int] = {}
         self._steps: collections.Counter[str] = collections.Counter()
@@ -164,16 +174,20 @@ class DistributedService(TrainingService):
 
     # ------------------------------------------------------------ lifecycle
     def _free_run(self, run_id: str, reason: str) -> None:
-        """A freed run's journal goes with it: its log, its ops and its saved state."""
+        """A freed run's journal goes with it: its log, its ops, its saved state and its place
+        in its key's run count."""
+        run = self.runs.get(run_id)
         super()._free_run(run_id, reason)
         if not self._forgetting_locally:
-            self._forget_run_journal(run_id)
+            self._forget_run_journal(run_id, run.owner if run else None)
 
-    def _forget_run_journal(self, run_id: str) -> None:
+    def _forget_run_journal(self, run_id: str, owner: str | None = None) -> None:
         key = self.keys.run_log(run_id)
         entries = self.redis.redis.lrange(key, 0, -1)
         self.redis.redis.delete(key, self.keys.run_save(run_id),
                                 *(self.keys.op(parse_entry(e)[0]) for e in entries))
+        if owner is not None:
+            self.redis.redis.srem(self.keys.key_runs(owner), run_id)
         def delete_saves() -> None:  # after its pending saves, pointers and all
             self.saves.delete(run_id)
             self.redis.redis.delete(self.keys.run_save(run_id))
@@ -238,6 +252,40 @@ class DistributedService(TrainingService):
     def _check_backlog(self, owner: str, tokens: int) -> None:
         if not self.replaying:  # replayed work was admitted once already
             super()._check_backlog(owner, tokens)
+
+    # ------------------------------------------------- per-key quotas, all trainers
+    def _admit_run(self, owner: str, run_id: str, limit: int) -> bool:
+        """A key's runs are counted on every trainer at once: a set in Redis that a run joins
+        when it is admitted (atomically, below the limit) and leaves when it is freed."""
+        if self.replaying:  # admitted once already; a take-over recounts nothing
+            self.redis.redis.sadd(self.keys.key_runs(owner), run_id)
+            return True
+        return bool(self._admit_run_script(keys=[self.keys.key_runs(owner)],
+                                           args=[run_id, limit]))
+
+    def _queued_for_key(self, owner: str) -> int:
+        """This trainer's queued tokens for the key, plus what every other live trainer last
+        published for it (each publishes its own with its heartbeat)."""
+        local = self.scheduler.queued_tokens(owner)
+        published = self.redis.redis.hgetall(self.keys.key_backlog(owner))
+        others = {k.decode(): int(v) for k, v in published.items()
+                  if k.decode() != self.worker_id}
+        if not others:
+            return local
+        live = set(self.redis.live_workers("trainer"))
+        return local + sum(n for trainer, n in others.items() if trainer in live)
+
+    def publish_backlog(self) -> None:
+        """Publish this trainer's queued tokens per key (and clear the keys it no longer
+        has), for the other trainers' queue quotas."""
+        queued = self.scheduler.queued_tokens_by_owner()
+        pipe = self.redis.redis.pipeline(transaction=False)
+        for owner, tokens in queued.items():
+            pipe.hset(self.keys.key_backlog(owner), self.worker_id, tokens)
+        for owner in self._published_backlog - set(queued):
+            pipe.hdel(self.keys.key_backlog(owner), self.worker_id)
+        pipe.execute()
+        self._published_backlog = set(queued)
 
     # ------------------------------------------------------ run-state saves
     def _ordered(self, owner, run, seq_id, kind, make_work):
@@ -384,7 +432,7 @@ class DistributedService(TrainingService):
 
     def delete_run(self, owner: str, run_id: str) -> None:
         super().delete_run(owner, run_id)
-        self._forget_run_journal(run_id)
+        self._forget_run_journal(run_id, owner)
 
     # ---------------------------------------------------------- samplers
     def _register_sampler(self, sampler: Sampler, reload=None) -> None:
@@ -636,6 +684,10 @@ class TrainerWorker:
             self._connected_since = time.monotonic()
         if not renewed:
             self._rejoin()
+        try:
+            self.service.publish_backlog()
+        except Exception:  # noqa: BLE001 - published again on the next beat
+            log.warning("publishing queued tokens failed", exc_info=True)
         return True
 
     def connected_for(self) -> float:
@@ -719,6 +771,8 @@ class TrainerWorker:
             if taken is None:
                 continue  # still alive
             sessions = {s.decode() for s in taken}
+            for backlog in redis.scan_iter(match=keys("key", "*", "queued")):
+                redis.hdel(backlog, dead)  # its queued tokens are this trainer's queue now
             replayed = await self.recover(sessions)
             event = {"from": dead, "sessions": len(sessions), "replayed": replayed,
                      "queued": redis.llen(self.queue) - moved_before,

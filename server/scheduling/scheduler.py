@@ -169,6 +169,11 @@ class Scheduler:
         with self._cond:
             return self._queued_tokens[owner]
 
+    def queued_tokens_by_owner(self) -> dict[str, int]:
+        """Every key's queued tokens (those with any), as of now."""
+        with self._cond:
+            return {owner: n for owner, n in self._queued_tokens.items() if n > 0}
+
     def _enqueued(self, work: Work) -> None:
         self._queued_tokens[work.owner] += work.tokens
 

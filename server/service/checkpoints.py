@@ -57,6 +57,12 @@ class CheckpointRequests(RunOrdering):
                 raise UserError(
                     "save_weights_for_sampler needs a path or a sampling_session_seq_id"
                 )
+            if body.get("kind") not in (None, "snapshot"):
+                raise UserError(
+                    f"kind {body['kind']!r} is not served by this server: a sampler here serves "
+                    "a snapshot of the weights it was saved from (kind 'snapshot'); save again "
+                    "after further steps"
+                )
             path = None
             if name is not None:
                 validate_name(name)
@@ -112,6 +118,7 @@ class CheckpointRequests(RunOrdering):
 
     def _load_source(self, owner: str, body: dict[str, Any]) -> tuple[TinkerPath, bool]:
         """The checkpoint a load_weights request reads, checked readable by the caller."""
+        refuse_access_token(body)
         path = TinkerPath.parse(body["path"])
         with_optimizer = flag(body.get("optimizer", False), "optimizer")
         if path.kind != "weights" and with_optimizer:
@@ -124,10 +131,10 @@ class CheckpointRequests(RunOrdering):
     ) -> FutureRecord:
         session = self._session(owner, body["session_id"])
         self._check_base_model(body.get("base_model"))
-        self._check_run_quota(owner)
         run_id = f"{session.session_id}:train:{integer(body['model_seq_id'], 'model_seq_id')}"
         if run_id in self.runs:
             raise UserError(f"model_seq_id {body['model_seq_id']} was already used in this session")
+        self._check_run_quota(owner, run_id)
         source_meta = self.store.read_run(path.run_id) or {}
         user_metadata = metadata(body.get("user_metadata")) or source_meta.get("user_metadata")
         requested = parse_optimizer_config(body.get("optimizer_config"))
@@ -181,6 +188,7 @@ class CheckpointRequests(RunOrdering):
         Projects are not modelled: the copy belongs to the caller's key, and a
         `destination_project_id` is only recorded on the new run.
         """
+        refuse_access_token(body)
         source = TinkerPath.parse(body["source_path"])
         self._readable_checkpoint(owner, source)
         if body.get("session_id") is not None:
@@ -210,3 +218,16 @@ class CheckpointRequests(RunOrdering):
         ttl = {"ttl_seconds": body.get("ttl_seconds"), "user_metadata": meta.get("user_metadata")}
         self.store.save(target, adapter, base_model, opt_state, self._ttl_meta(ttl))
         return {"tinker_path": str(target)}
+
+
+def refuse_access_token(body: dict[str, Any]) -> None:
+    """A `weights_access_token` asks to read another owner's weights with a grant the hosted
+    service issues; here a checkpoint is readable by its owner's key alone (and through signed
+    export URLs), so the request is refused by the field's name rather than served as if the
+    token had been checked."""
+    if body.get("weights_access_token"):
+        raise UserError(
+            "weights_access_token is not served by this server: a checkpoint is read with its "
+            "owner's API key (or exported with save_weights_external); send the request "
+            "without it"
+        )

@@ -145,27 +145,38 @@ class ServiceCore:
         if session is not None:
             session.last_seen = time.monotonic()
 
-    def _check_run_quota(self, owner: str) -> None:
+    def _check_run_quota(self, owner: str, run_id: str) -> None:
+        """Refuse a new run past the key's run limit (`run_id` is the run about to exist)."""
         limit = self.limits.max_runs_per_key
-        if limit is not None and sum(r.owner == owner for r in self.runs.values()) >= limit:
+        if limit is not None and not self._admit_run(owner, run_id, limit):
             self.metrics.rejections.labels("max_runs").inc()
             raise QuotaExceeded(
                 f"this key already has {limit} training runs (the limit); "
                 "delete one to create another"
             )
 
+    def _admit_run(self, owner: str, run_id: str, limit: int) -> bool:
+        """Whether the key may have `run_id` too: here, its runs in this process."""
+        return sum(r.owner == owner for r in self.runs.values()) < limit
+
+    def _queued_for_key(self, owner: str) -> int:
+        """Tokens the key has queued: here, in this process's scheduler."""
+        return self.scheduler.queued_tokens(owner)
+
     def _check_backlog(self, owner: str, tokens: int) -> None:
         limit = self.limits.max_queued_tokens_per_key
-        if limit is not None and self.scheduler.queued_tokens(owner) + tokens > limit:
-            if self.scheduler.queued_tokens(owner) == 0:
+        if limit is None:
+            return
+        queued = self._queued_for_key(owner)
+        if queued + tokens > limit:
+            if queued == 0:
                 raise UserError(
                     f"one request of {tokens} tokens exceeds this key's queue limit "
                     f"of {limit} tokens"
                 )
             self.metrics.rejections.labels("queued_tokens").inc()
             raise Backpressure(
-                f"this key has {self.scheduler.queued_tokens(owner)} tokens queued "
-                f"(limit {limit}); retry shortly"
+                f"this key has {queued} tokens queued (limit {limit}); retry shortly"
             )
 
     def _free_sampler(self, sampler_id: str, reason: str) -> None:

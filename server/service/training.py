@@ -34,7 +34,6 @@ class TrainingRequests(RunOrdering):
     def create_model(self, owner: str, body: dict[str, Any]) -> FutureRecord:
         session = self._session(owner, body["session_id"])
         self._check_base_model(body.get("base_model"))
-        self._check_run_quota(owner)
         lora = body.get("lora_config") or {}
         spec = LoraSpec(
             rank=integer(lora.get("rank", 32), "lora_config.rank"),
@@ -49,6 +48,7 @@ class TrainingRequests(RunOrdering):
         run_id = f"{session.session_id}:train:{integer(body['model_seq_id'], 'model_seq_id')}"
         if run_id in self.runs:
             raise UserError(f"model_seq_id {body['model_seq_id']} was already used in this session")
+        self._check_run_quota(owner, run_id)
         run = Run(run_id, owner, self.base_model, spec, metadata(body.get("user_metadata")),
                   optimizer=optimizer)
         self.runs[run_id] = run

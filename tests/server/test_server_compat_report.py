@@ -16,7 +16,8 @@ import pytest
 import tinker
 
 from tests.server.server_helpers import API_KEY
-from tools import compat_probes, compat_report
+from tools import compat_fields, compat_probes, compat_report
+from tools.compat_fields import FieldStatus
 from tools.compat_report import Status
 
 SUPPORTED_FLOOR = 76
@@ -157,3 +158,35 @@ def test_the_committed_report_is_the_one_this_server_generates(report_file: Path
     assert COMMITTED.read_text() == generated, (
         f"docs/tinker-compatibility.md is out of date: rerun this file with {UPDATE}=1 and "
         "commit the result")
+
+
+FIELD_ROW = re.compile(
+    r"^\| (?P<type>\w+) \| `(?P<field>\w+)` \| (?P<status>[^|]+) \| (?P<detail>.*) \|$"
+)
+
+
+def test_every_request_field_is_served_refused_or_declared_and_none_failed(report_file: Path):
+    """Every field of every request type and optimizer config the SDK has gets a row; the
+    fields the server does not compute are refused with their name, checked through the SDK."""
+    rows = {(m["type"], m["field"]): (m["status"], m["detail"])
+            for line in report_file.read_text().splitlines() if (m := FIELD_ROW.match(line))}
+    expected = {(name, field) for name, model in compat_fields.field_types().items()
+                for field in model.model_fields}
+    assert set(rows) == expected
+    assert not {key: row for key, row in rows.items() if row[0] == FieldStatus.FAILED.value}
+    for key in [("SampleRequest", "prompt_alt_tokens_k"),
+                ("SampleRequest", "target_prompt_logprobs"),
+                ("SampleRequest", "topk_sample_logprobs"),
+                ("LoadWeightsRequest", "weights_access_token"),
+                ("SaveWeightsForSamplerRequest", "kind")]:
+        assert rows[key][0] == FieldStatus.REFUSED.value and key[1] in rows[key][1], key
+    assert rows[("DimuonOptimizerConfig", "version")][0] == FieldStatus.SERVED.value
+
+
+def test_a_field_the_report_does_not_know_is_failed_not_passed(monkeypatch):
+    outcome = compat_fields.classify_field(None, "FutureRequest", "brand_new_field")
+    assert outcome.status is FieldStatus.FAILED and "not declared" in outcome.detail
+    monkeypatch.setitem(compat_fields.SERVED, ("FutureRequest", "x"),
+                        ("made up", ("TrainingClient", "no_such_probe")))
+    named = compat_fields.classify_field(None, "FutureRequest", "x")
+    assert named.status is FieldStatus.FAILED and "does not exist" in named.detail
