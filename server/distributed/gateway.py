@@ -26,7 +26,12 @@ from fastapi.responses import JSONResponse, Response
 from server.api.auth import AuthError, KeyRing
 from server.api.errors import error_response, request_error
 from server.api.http_body import BodyTooLarge, BodyTooSlow, read_body
-from server.distributed.placement import ENQUEUE_ROUTED, WITHDRAW_ROUTED, shard_of
+from server.distributed.placement import (
+    ENQUEUE_ROUTED,
+    NEW_SESSION_TOKENS,
+    WITHDRAW_ROUTED,
+    shard_of,
+)
 from server.distributed.store import REPLY_TTL_SECONDS, Keys, decode_reply, decode_result
 from server.protocol.futures import LONG_POLL_SECONDS
 
@@ -84,7 +89,8 @@ class Gateway:
         await self._enqueue(keys=[self.keys.claim(op_id), self.keys.op(op_id),
                                   self.keys.reply(op_id)],
                             args=[REPLY_TTL_SECONDS, op_id, self.keys.prefix, session or "",
-                                  "1" if creates else "0", len(live), *live, *flat])
+                                  str(NEW_SESSION_TOKENS) if creates else "0", len(live), *live,
+                                  *flat])
 
     async def withdraw(self, op_id: str) -> bool:
         """Take back an op no trainer has taken yet (so a retry may enqueue it again)."""

@@ -19,6 +19,10 @@ from tinker.proto import tinker_public_pb2 as pb
 
 from server.distributed.journal import parse_json
 
+NEW_SESSION_TOKENS = 4096
+"""The load a newly placed session adds to its trainer until the trainer next publishes what it
+measured: one key's share of a fused training batch (`Scheduler.key_share_tokens`)."""
+
 SESSION_PREFIX = "sess-"
 def session_of_id(value: object) -> str | None:
     """The session a server-issued id belongs to (`sess-x`, `sess-x:train:3`, a tinker path)."""
@@ -60,11 +64,15 @@ def shard_of(op_id: str, method: str, path: str, body: bytes) -> str | None:
 
 
 ENQUEUE_ROUTED = """
--- KEYS: claim, op hash, reply. ARGV: ttl, op id, key prefix, session or '', '1' if the op
--- creates the session, the number n of live trainers, their ids (n), then the op's fields.
--- An op goes to its session's owner; a new session is placed, at once, on the live trainer
--- owning the fewest sessions (so a burst of new sessions spreads); an op that names no session
--- goes to that trainer too; with no trainer alive, to the shared queue.
+-- KEYS: claim, op hash, reply. ARGV: ttl, op id, key prefix, session or '', the nominal load
+-- of a new session if the op creates one ('0' if not), the number n of live trainers, their
+-- ids (n), then the op's fields.
+-- An op goes to its session's owner; a new session is placed, at once, on the live trainer with
+-- the least load (the tokens it trained, sampled and has queued over the last minute, as it last
+-- published them), then the fewest sessions; placing a session adds a new session's nominal
+-- load at once (ARGV[5]), so a burst of new sessions spreads before the next heartbeat says
+-- more; an op that names no session goes to that trainer too; with no trainer alive, to the
+-- shared queue.
 if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 0 end
 local prefix, session, n = ARGV[3], ARGV[4], tonumber(ARGV[6])
 redis.call('DEL', KEYS[3], KEYS[3] .. ':n')
@@ -72,14 +80,19 @@ redis.call('HSET', KEYS[2], unpack(ARGV, 7 + n))
 local owner = false
 if session ~= '' then owner = redis.call('GET', prefix .. ':placement:' .. session) end
 if not owner then
-  local fewest = nil
+  local least, fewest = nil, nil
   for i = 1, n do
-    local load = redis.call('SCARD', prefix .. ':trainer:sessions:' .. ARGV[6 + i])
-    if fewest == nil or load < fewest then fewest, owner = load, ARGV[6 + i] end
+    local id = ARGV[6 + i]
+    local load = tonumber(redis.call('HGET', prefix .. ':trainer:load', id) or '0') or 0
+    local sessions = redis.call('SCARD', prefix .. ':trainer:sessions:' .. id)
+    if least == nil or load < least or (load == least and sessions < fewest) then
+      least, fewest, owner = load, sessions, id
+    end
   end
-  if owner and ARGV[5] == '1' and session ~= '' then
+  if owner and ARGV[5] ~= '0' and session ~= '' then
     redis.call('SET', prefix .. ':placement:' .. session, owner)
     redis.call('SADD', prefix .. ':trainer:sessions:' .. owner, session)
+    redis.call('HINCRBY', prefix .. ':trainer:load', owner, tonumber(ARGV[5]))
   end
 end
 local queue = prefix .. ':ops'

@@ -9,7 +9,8 @@ Key layout (all under one prefix, `ar` by default)::
     ops:taken:<trainer>  list   ops that trainer took and has not acknowledged
     ops                  list   ops enqueued while no trainer was alive (any trainer drains it)
     placement:<session>  string the trainer that owns a session (its runs and samplers)
-    trainer:sessions:<trainer>  set  the sessions a trainer owns (its load; moved on take-over)
+    trainer:sessions:<trainer>  set  the sessions a trainer owns (moved on take-over)
+    trainer:load         hash   each trainer's tokens of the last minute (where sessions go)
     reply:<id>           string the op's HTTP answer (write-once), `reply:<id>:n` wakes waiters
     future:<id>          hash   owner, kind of a future; `result:<id>` (write-once) its result
     log:control:<session>  list journal of a session's own ops; `log:run:<run_id>` per run
@@ -133,6 +134,11 @@ class Keys:
 
     def members(self, role: str) -> str:
         return self(role + "s")
+
+    @property
+    def trainer_load(self) -> str:
+        """Each trainer's load: tokens trained, sampled and queued over the last minute."""
+        return self("trainer", "load")
 
     @property
     def samples(self) -> str:

@@ -277,9 +277,12 @@ class DistributedService(TrainingService):
 
     def publish_backlog(self) -> None:
         """Publish this trainer's queued tokens per key (and clear the keys it no longer
-        has), for the other trainers' queue quotas."""
+        has), for the other trainers' queue quotas, and its load (tokens of the last minute
+        and queued), where the gateways place new sessions."""
         queued = self.scheduler.queued_tokens_by_owner()
         pipe = self.redis.redis.pipeline(transaction=False)
+        pipe.hset(self.keys.trainer_load, self.worker_id,
+                  self.metrics.recent_tokens() + sum(queued.values()))
         for owner, tokens in queued.items():
             pipe.hset(self.keys.key_backlog(owner), self.worker_id, tokens)
         for owner in self._published_backlog - set(queued):
@@ -773,6 +776,7 @@ class TrainerWorker:
             sessions = {s.decode() for s in taken}
             for backlog in redis.scan_iter(match=keys("key", "*", "queued")):
                 redis.hdel(backlog, dead)  # its queued tokens are this trainer's queue now
+            redis.hdel(keys.trainer_load, dead)
             replayed = await self.recover(sessions)
             event = {"from": dead, "sessions": len(sessions), "replayed": replayed,
                      "queued": redis.llen(self.queue) - moved_before,

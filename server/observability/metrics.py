@@ -142,6 +142,12 @@ class ServerMetrics:
         while events and events[0][0] < now - 60:
             events.popleft()
 
+    def recent_tokens(self, seconds: float = 60.0) -> int:
+        """Tokens processed (trained and sampled) over the last `seconds`."""
+        cutoff = time.monotonic() - seconds
+        return sum(c for events in list(self._token_events.values())
+                   for t, c in list(events) if t >= cutoff)
+
     def refresh(self) -> None:
         """Update the derived gauges right before a scrape."""
         now = time.monotonic()

@@ -16,6 +16,7 @@ from tinker.proto import tinker_public_pb2 as pb
 
 from server.distributed.placement import (
     ENQUEUE_ROUTED,
+    NEW_SESSION_TOKENS,
     TAKE_OVER,
     WITHDRAW_ROUTED,
     new_session_id,
@@ -78,7 +79,8 @@ def _enqueue(client: redis.Redis, keys: Keys, op_id: str, session: str, live: li
              creates: bool = False) -> int:
     script = client.register_script(ENQUEUE_ROUTED)
     return script(keys=[keys.claim(op_id), keys.op(op_id), keys.reply(op_id)],
-                  args=[60, op_id, keys.prefix, session, "1" if creates else "0", len(live),
+                  args=[60, op_id, keys.prefix, session,
+                        str(NEW_SESSION_TOKENS) if creates else "0", len(live),
                         *live, "method", "POST"])
 
 
@@ -107,6 +109,26 @@ def test_an_op_goes_to_its_sessions_owner_and_new_sessions_spread(client) -> Non
     assert withdraw(keys=[keys.op("op-2"), keys.claim("op-2")], args=["op-2"]) == 1
     assert b"op-2" not in client.lrange(keys.queue("trainer-2"), 0, -1)
     assert not client.exists(keys.op("op-2"))
+
+
+def test_new_sessions_go_where_the_fewest_tokens_are_trained(client) -> None:
+    """Placement counts tokens, not sessions: a trainer busy with one large session gets no
+    new one while another trains less with more; a burst spreads by the nominal load each
+    placed session adds until the trainers publish what they measured."""
+    keys = Keys("load")
+    live = ["busy", "light"]
+    client.sadd(keys.owned("busy"), "sess-big")
+    client.sadd(keys.owned("light"), "sess-1", "sess-2", "sess-3")
+    client.hset(keys.trainer_load, mapping={"busy": 50_000, "light": 2_000})
+    assert _enqueue(client, keys, "op-n1", "sess-new-1", live, creates=True) == 1
+    assert client.get(keys.placement("sess-new-1")) == b"light"
+    placed = []
+    for i in range(2, 14):
+        _enqueue(client, keys, f"op-n{i}", f"sess-new-{i}", live, creates=True)
+        placed.append(client.get(keys.placement(f"sess-new-{i}")).decode())
+    # light carries 2,000 + 4,096 per new session: it takes them while it is below busy's
+    # 50,000 (its 12th puts it at 51,152), then busy takes the next.
+    assert placed == ["light"] * 11 + ["busy"]
 
 
 def test_a_take_over_moves_sessions_and_ops_in_order_and_only_from_the_dead(client) -> None:
