@@ -2,11 +2,11 @@
 
 Every request except health, readiness and futures becomes an op in Redis, pushed to the queue
 of the trainer that owns the op's session (`placement.py`; a new session goes to the live
-trainer with the fewest sessions). The trainer answers with the single-process server's own
-handlers, so answers and error shapes are identical. An SDK retry carries the same
-`X-Idempotency-Key`, which names the same op: a retried request is enqueued once and gets the
-first attempt's answer. `retrieve_future` long-polls the result in Redis, so a future can be
-collected from any gateway. Nothing here imports torch.
+trainer with the least load, then the fewest sessions). The trainer answers with the
+single-process server's own handlers, so answers and error shapes are identical. An SDK retry
+carries the same `X-Idempotency-Key`, which names the same op: a retried request is enqueued
+once and gets the first attempt's answer. `retrieve_future` long-polls the result in Redis, so
+a future can be collected from any gateway. Nothing here imports torch.
 """
 
 from __future__ import annotations
