@@ -655,9 +655,13 @@ class TrainerWorker:
         stalled = self.service.scheduler.stalled_seconds()
         healthy = stalled <= self.service.scheduler.stall_limit
         ready = self.recovered.is_set() and healthy and self._dispatcher.is_alive()
-        sessions = self.store.redis.scard(self.keys.owned(self.worker_id))
+        try:
+            sessions: int | None = self.store.redis.scard(self.keys.owned(self.worker_id))
+        except redis_errors.RedisError:  # not ready while Redis is away; liveness is apart
+            ready, sessions = False, None
         return ready, {"worker_id": self.worker_id, "recovered": self.recovered.is_set(),
-                       "engine_stalled": not healthy, "sessions": sessions}
+                       "engine_stalled": not healthy, "sessions": sessions,
+                       "redis_reachable": sessions is not None}
 
     def _heartbeat_thread(self) -> None:
         while not self._stop.wait(self.heartbeat_ttl / 4):
