@@ -112,6 +112,8 @@ def test_a_redis_outage_longer_than_the_heartbeat_moves_no_session(engine, serve
         server.stop()
         time.sleep(6 * TTL)  # every heartbeat lapses while Redis is away
         assert a.connected_for() == 0.0 and b.connected_for() == 0.0
+        ready, detail = a.readiness()  # not ready while Redis is away, and no exception
+        assert not ready and detail["redis_reachable"] is False
         server.start()
         client = redis.Redis.from_url(server.url)
         wait_until(lambda: a.connected_for() > 3 * TTL and b.connected_for() > 3 * TTL,
@@ -120,6 +122,7 @@ def test_a_redis_outage_longer_than_the_heartbeat_moves_no_session(engine, serve
         assert a.taken_over == [] and b.taken_over == [] and a.rejoins == b.rejoins == 0
         assert SESSION in a.service.sessions and not a.service.lost_sessions
         assert all(client.exists(f"ar:trainer:alive:{w.worker_id}") for w in (a, b))
+        assert a.readiness()[0] and b.readiness()[0]
     finally:
         a.stop(save=False)
         b.stop(save=False)
