@@ -90,6 +90,7 @@ class SamplerWorker:
         self._stop = threading.Event()
         self._threads: list[threading.Thread | EngineThread] = []
         self._unavailable_since = 0.0
+        self._connected_since: float | None = None
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> SamplerWorker:
@@ -126,8 +127,10 @@ class SamplerWorker:
                                          json.dumps(self.modules),
                                          px=int(self.heartbeat_ttl * 2000))
                     self.store.heartbeat("sampler", self.worker_id, self.heartbeat_ttl)
+                self._connected_since = self._connected_since or time.monotonic()
                 self.reclaim()
             except Exception:  # noqa: BLE001 - a Redis hiccup must not stop the heartbeat
+                self._connected_since = None
                 log.exception("sampler heartbeat failed")
             if self._stop.wait(self.heartbeat_ttl / 4):
                 return
@@ -145,10 +148,17 @@ class SamplerWorker:
                     log.warning("Redis unavailable; jobs stay taken for now")
 
     def reclaim(self, include_own: bool = False) -> int:
-        """Move jobs of dead samplers (and this worker's earlier life) back to the queue."""
+        """Move jobs of dead samplers (and this worker's earlier life) back to the queue.
+        Another's only once this worker has reached Redis for a heartbeat's TTL: after a Redis
+        outage every heartbeat has lapsed, and the live samplers need that long to renew."""
+        settled = (self._connected_since is not None
+                   and time.monotonic() - self._connected_since >= self.heartbeat_ttl)
+        if not settled and not include_own:
+            return 0
         live = set(self.store.live_workers("sampler"))
         members = {m.decode() for m in self.store.redis.smembers(self.keys.members("sampler"))}
-        dead = {m for m in members if m not in live and m != self.worker_id}
+        dead = ({m for m in members if m not in live and m != self.worker_id} if settled
+                else set())
         if include_own:
             dead.add(self.worker_id)
         moved = 0
