@@ -749,14 +749,19 @@ class TrainerWorker:
                 except Exception:  # noqa: BLE001 - the op stays taken and is redelivered
                     log.exception("dispatching an op failed")
                     self._stop.wait(1.0)
-                    healed = False
+                    healed, since, said = False, time.monotonic(), False
                     while not healed and not self._stop.is_set():
                         try:
                             self.heal_taken()
                             healed = True
                         except Exception:  # noqa: BLE001 - Redis still away: try again
-                            log.warning("Redis unavailable; retrying")
+                            if not said:
+                                log.warning("Redis unavailable; retrying every second")
+                                said = True
                             self._stop.wait(1.0)
+                    if said and healed:
+                        log.warning("Redis back after %.0f s; taken ops healed",
+                                    time.monotonic() - since)
 
     async def take_over_lapsed(self) -> None:
         """Take over every trainer whose heartbeat lapsed: its sessions, its queue, and what it
