@@ -1,10 +1,11 @@
 """What the server does with every field the `tinker` SDK can send: request bodies and the
 optimizer configs and parameters inside them.
 
-The fields are not listed by hand: every pydantic model in `tinker.types` whose name ends in
-`Request`, every optimizer config and parameter set, `LoraConfig` and `SamplingParams` are
-enumerated with their fields by introspection. Each field is then matched to what the server
-does with it:
+The fields are not listed by hand: every pydantic model or dataclass in `tinker.types` whose
+name ends in `Request` (the training requests travel as dataclasses, encoded as protobuf), every
+optimizer config and parameter set, `LoraConfig`, `SamplingParams`, `ForwardBackwardInput` and
+`Datum` are enumerated with their fields by introspection. Each field is then matched to what
+the server does with it:
 
 - *served*: the server acts on it; the row names the method probe that exercises it;
 - *refused by name*: the server answers 400 naming the field (answering without what it asks
@@ -19,6 +20,7 @@ A field this table does not know (new in the SDK?) is reported as failed.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import inspect
 from collections.abc import Callable
@@ -44,16 +46,24 @@ class FieldStatus(enum.StrEnum):
 
 
 EXTRA_TYPES = ("LoraConfig", "SamplingParams", "AdamParams", "DimuonParams",
-               "AdamOptimizerConfig", "DimuonOptimizerConfig")
+               "AdamOptimizerConfig", "DimuonOptimizerConfig", "ForwardBackwardInput", "Datum")
 
 
-def field_types() -> dict[str, type[pydantic.BaseModel]]:
-    """Every request model, optimizer config and parameter set the SDK exports."""
+def field_names(model: type) -> list[str]:
+    """A pydantic model's or a dataclass's fields, in declaration order."""
+    if dataclasses.is_dataclass(model):
+        return [f.name for f in dataclasses.fields(model)]
+    return list(model.model_fields)
+
+
+def field_types() -> dict[str, type]:
+    """Every request type, optimizer config and parameter set the SDK exports."""
     found = {}
     for name in sorted(dir(types)):
         obj = getattr(types, name)
-        if (inspect.isclass(obj) and issubclass(obj, pydantic.BaseModel)
-                and (name.endswith("Request") or name in EXTRA_TYPES)):
+        typed = inspect.isclass(obj) and (issubclass(obj, pydantic.BaseModel)
+                                          or dataclasses.is_dataclass(obj))
+        if typed and (name.endswith("Request") or name in EXTRA_TYPES):
             found[name] = obj
     return found
 
@@ -132,6 +142,21 @@ SERVED: dict[tuple[str, str], tuple[str, Probe]] = {
                                                   "create_training_client_from_state")),
     ("OptimStepRequest", "optim_params"): ("AdamParams or DimuonParams, matching the run",
                                            _OPTIM),
+    ("ForwardBackwardRequest", "forward_backward_input"): (
+        "the batch and its loss", ("TrainingClient", "forward_backward")),
+    ("ForwardRequest", "forward_input"): ("the batch and its loss",
+                                          ("TrainingClient", "forward")),
+    ("ForwardBackwardInput", "data"): ("the batch's data", ("TrainingClient", "forward_backward")),
+    ("ForwardBackwardInput", "loss_fn"): ("every built-in loss",
+                                          ("TrainingClient", "forward_backward")),
+    ("ForwardBackwardInput", "loss_fn_config"): ("the loss's settings (clip ranges, beta)",
+                                                 ("TrainingClient", "forward_backward")),
+    ("Datum", "model_input"): ("the input tokens", ("TrainingClient", "forward_backward")),
+    ("Datum", "loss_fn_inputs"): ("per-position targets, weights, logprobs, advantages",
+                                  ("TrainingClient", "forward_backward")),
+    ("Datum", "loss_fn_input_spans"): (
+        "where the loss rows' tokens were sampled: checked against the sampling records a "
+        "recorded sampler kept", ("TrainingClient", "forward_backward")),
     ("SampleRequest", "num_samples"): ("completions drawn", _SAMPLE),
     ("SampleRequest", "prompt"): ("the prompt's tokens", _SAMPLE),
     ("SampleRequest", "sampling_params"): ("see SamplingParams", _SAMPLE),
@@ -189,6 +214,9 @@ NO_EFFECT: dict[tuple[str, str], str] = {
     ("TelemetrySendRequest", "session_id"): "the server keeps no telemetry",
     ("TelemetrySendRequest", "process_uuid"): "the server keeps no telemetry",
     ("ClientConfigRequest", "sdk_version"): "every version gets the same client configuration",
+    ("Datum", "model_input_spans"): (
+        "sent only with loss_fn_input_spans, whose provenance (the same sampled tokens, one "
+        "position on) is what the server checks"),
 }
 
 UNSUPPORTED: dict[str, str] = {
@@ -325,4 +353,4 @@ def classify_field(ws: Workspace | None, type_name: str, field: str) -> FieldOut
 
 def field_outcomes(ws: Workspace | None) -> list[FieldOutcome]:
     return [classify_field(ws, name, field)
-            for name, model in field_types().items() for field in model.model_fields]
+            for name, model in field_types().items() for field in field_names(model)]
