@@ -263,7 +263,10 @@ def _arms_against_warmup(trials: list[dict[str, Any]], best: dict[str, Any], spl
 def _runs_against_warmup(trials: list[dict[str, Any]], forked: dict[str, Any],
                          verdicts: list[dict[str, bool]], who: str, split: str) -> str:
     """One config's runs on `split` against the warm-up `forked` started from: a mean over runs
-    minus the warm-up's one read, the interval unclipped so that the difference is honest."""
+    minus the warm-up's one read, the interval unclipped so that the difference is honest; one
+    run is paired with the warm-up per task (its Wilson interval less a fixed warm-up score
+    would treat the warm-up's answers on these tasks as exact, and claim a gain that the same
+    pairing against the base config calls noise)."""
     warmup = warmup_of(forked, trials)
     start = ((warmup or {}).get(split) or {}).get("verdicts")
     if not start:
@@ -274,12 +277,16 @@ def _runs_against_warmup(trials: list[dict[str, Any]], forked: dict[str, Any],
     tasks = sorted(set.intersection(*(set(r) for r in runs)))
     base = sum(bool(start[k]) for k in tasks) / len(tasks)
     est = run_mean([{k: r[k] for k in tasks} for r in runs], clip=False)
-    gain = Estimate(est.value - base, est.low - base, est.high - base, est.n)
+    if len(runs) > 1:
+        gain = Estimate(est.value - base, est.low - base, est.high - base, est.n)
+        over = f"a 95% t-interval over its {len(runs)} runs, each run's luck included"
+    else:  # one run: paired per task with the warm-up, whose answers vary with the tasks too
+        gain = paired_difference([float(runs[0][k]) for k in tasks],
+                                 [float(start[k]) for k in tasks])
+        over = (f"one run, paired per task over {len(tasks)} tasks: its luck is not included, "
+                "so this cannot speak for the config")
     word = ("beat" if gain.low > 0 else "fell below" if gain.high < 0 else
             "did not differ beyond noise from")
-    over = (f"a 95% t-interval over its {len(runs)} runs, each run's luck included"
-            if len(runs) > 1 else "one run: its luck is not included, so this cannot speak "
-            "for the config")
     return (f"With runs as the unit, {who}'s RL {word} the warm-up ({warmup['id']}): "
             f"mean {split} accuracy {est.value:.3f} over {len(runs)} run(s) against {base:.3f}, "
             f"a difference of {_diff(gain)} ({over}). ")

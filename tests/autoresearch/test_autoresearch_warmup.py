@@ -267,3 +267,19 @@ def test_after_a_keep_both_fresh_arms_meet_the_warmup_on_test_and_transfer(tmp_p
             assert re.search(rf"With runs as the unit, {who}'s RL [a-z ]+ the warm-up "
                              rf"\(warmup\): mean {split} accuracy 0\.\d{{3}} over 2 run\(s\)",
                              report), (split, who)
+
+
+def test_one_run_meets_the_warmup_paired_per_task_not_against_a_fixed_score():
+    """A kept config's one fresh run with 3 of 48 right, against a warm-up with none: paired
+    per task this is no gain beyond noise (as the same run against the base config's run with
+    none is), where the run's Wilson interval less a fixed 0 would have claimed one."""
+    from autoresearch.study.report import _runs_against_warmup
+
+    tasks = [f"t{i:02d}" for i in range(48)]
+    warmup = {"id": "warmup", "role": "warmup", "test": {"verdicts": dict.fromkeys(tasks, False)}}
+    forked = {"id": "t0001", "role": "baseline", "config": {}}
+    run = {k: i < 3 for i, k in enumerate(tasks)}
+    said = _runs_against_warmup([warmup, forked], forked, [run], "the best config", "test")
+    assert "did not differ beyond noise from the warm-up" in said
+    assert "paired per task over 48 tasks" in said and "cannot speak for the config" in said
+    assert "+0.062 [-0.0" in said
