@@ -247,7 +247,7 @@ def _sample_with(ws: Workspace, **extra: object) -> object:
 
 
 def _client_config(ws: Workspace) -> dict[str, object]:
-    answer = httpx.post(ws.url + "/api/v1/client/dynamic_config", json={}, timeout=ws.timeout)
+    answer = httpx.post(ws.url + "/api/v1/client/config", json={}, timeout=ws.timeout)
     answer.raise_for_status()
     return answer.json()
 
@@ -292,7 +292,7 @@ REFUSED: dict[tuple[str, str], Callable[[Workspace], str]] = {
         lambda: _sample_with(ws, prompt_alt_tokens_k=2), "prompt_alt_tokens_k"),
     ("LoadWeightsRequest", "weights_access_token"): _access_token,
     ("CopyWeightsRequest", "weights_access_token"): lambda ws: _refused(
-        lambda: ws.rest.copy_weights(ws.trained_sampler_path,
+        lambda: ws.rest.copy_weights(ws.trained_state_path, "compat",
                                      weights_access_token="grant").result(timeout=ws.timeout),
         "weights_access_token"),
     ("SaveWeightsForSamplerRequest", "kind"): _inflight,

@@ -21,6 +21,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 
 from server.api.auth import KeyRing
 from server.api.errors import error_response, request_error
+from server.api.grants import refuse_grants
 from server.api.http_body import read_body
 from server.api.request_schemas import check_fields
 from server.engine.engine import UserError
@@ -125,6 +126,7 @@ def create_app(service: TrainingService, keys: KeyRing) -> FastAPI:
         title="autoresearch training server", docs_url=None, redoc_url=None, lifespan=lifespan
     )
     app.state.service = service
+    refuse_grants(app)
     api = "/api/v1"
     service_lock = threading.Lock()
 

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 
 from server.api.auth import AuthError, KeyRing
 from server.api.errors import error_response, request_error
+from server.api.grants import refuse_grants
 from server.api.http_body import BodyTooLarge, BodyTooSlow, read_body
 from server.distributed.placement import (
     ENQUEUE_ROUTED,
@@ -128,6 +129,7 @@ def create_gateway_app(client: aioredis.Redis, keys: KeyRing, prefix: str = "ar"
         await client.aclose()
 
     app = FastAPI(title="autoresearch gateway", docs_url=None, redoc_url=None, lifespan=lifespan)
+    refuse_grants(app)
     gateway = Gateway(client, Keys(prefix))
     app.state.gateway = gateway
 

@@ -150,6 +150,17 @@ def _post(url: str, path: str, body: dict, key: str = API_KEY) -> dict:
     return response.json()
 
 
+def test_a_gateway_refuses_an_access_grant_by_name(cluster: Cluster) -> None:
+    """The SDK sends copy_weights' weights_access_token as a header; the gateway, which alone
+    sees headers, refuses it as the single process does, rather than drop it and copy."""
+    response = httpx.post(f"{cluster.gateways[0].url}/api/v1/copy_weights",
+                          json={"source_path": "tinker://sess-x:train:0/weights/a"},
+                          headers={"X-API-Key": API_KEY,
+                                   "X-Tinker-Weights-Access-Token": "grant"}, timeout=60)
+    assert response.status_code == 400
+    assert "weights_access_token" in response.json()["error"]
+
+
 # ------------------------------------------------------------------ readiness
 def test_gateway_is_not_ready_until_a_trainer_heartbeats(cluster: Cluster) -> None:
     assert cluster.readyz_before_trainer == 503
