@@ -99,12 +99,12 @@ def test_the_split_overlay_loses_nothing_when_each_role_dies_in_turn(single_gpu,
         assert any(victim in text for text in events), victim
     # Redis away for three heartbeat TTLs: no trainer exited and no session moved.
     facts = split.facts
-    assert facts["placed after the outage"] == facts["placed before the outage"]
+    assert facts["placed after the outage"] == facts["placed before the outage"], split.report()
     assert (facts["trainer restarts after the outage"]
-            == facts["trainer restarts before the outage"])
+            == facts["trainer restarts before the outage"]), split.report()
     # Bit for bit the undisturbed server's losses: no step lost, none applied twice.
     for name, record in split.records.items():
-        assert record.losses == single_gpu.records[name].losses, name
+        assert record.losses == single_gpu.records[name].losses, (name, split.report())
         assert record.samples == 2 * (STEPS // 3)
     client = redis.Redis.from_url(
         f"redis://:{scenario.REDIS_PASSWORD}@127.0.0.1:"
