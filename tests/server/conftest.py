@@ -33,6 +33,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-gemma3"))
 
 
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path):
+    """The tiny model's engine on the CPU in float32, one per test module (a module that needs
+    another device or dtype defines its own)."""
+    from server.engine.engine import Engine
+    from server.engine.model_loading import load_base_model
+
+    return Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"))
+
+
 @pytest.fixture(scope="session")
 def base_model(tiny_model_dir: Path) -> str:
     """The name the server reports for a local model: its directory path."""

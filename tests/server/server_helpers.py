@@ -7,17 +7,25 @@ thread while it queues work, and see which batches the scheduler formed.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tinker
 from tinker import types
 
 from tools.gemma_shapes import build_model
 from tools.processes import ServiceProcess, server_command, wait_until, without_api_keys
+
+NEEDS_REDIS = pytest.mark.skipif(
+    shutil.which("redis-server") is None,
+    reason="redis-server is not installed (apt-get install -y redis-server)",
+)
+"""For a test module that starts a real `redis-server` (distributed mode)."""
 
 API_KEY = "tml-tests"
 REPO_ROOT = Path(__file__).resolve().parents[2]

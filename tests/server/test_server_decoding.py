@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 from scipy import stats
 
 from server.engine import decoding
 from server.engine.engine import Engine, SampleJob, SamplingParams
-from server.engine.model_loading import load_base_model
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir) -> Engine:
-    return Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"))
 
 
 def _tokens(engine: Engine, jobs: list[SampleJob]) -> list[list[list[int]]]:

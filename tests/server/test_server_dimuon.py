@@ -16,7 +16,6 @@ from tinker import types
 from server.engine.dimuon import Dimuon, matrix_sign, optimizer_type
 from server.engine.engine import AdamParams, DimuonParams, Engine, ForwardBackwardJob, UserError
 from server.engine.lora import LoraSpec
-from server.engine.model_loading import load_base_model
 from tests.server.server_helpers import forward_logprobs, sft_datum
 from tests.server.test_server_prefix_sharing import sft_data
 
@@ -41,11 +40,6 @@ def test_the_matrix_sign_is_the_polar_factor_on_wide_tall_and_rank_deficient_mat
         u, s, vh = np.linalg.svd(m, full_matrices=False)
         keep = s > 1e-6 * s.max() if s.max() > 0 else np.zeros_like(s, bool)
         np.testing.assert_allclose(got, u[:, keep] @ vh[keep], atol=2e-6)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir) -> Engine:
-    return Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"))
 
 
 def _step(engine: Engine, state, data, params) -> dict[str, np.ndarray]:

@@ -8,7 +8,6 @@ trainer worker runs here), so "the same weights" means bit-for-bit equal logprob
 
 from __future__ import annotations
 
-import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from tinker import types
 
 from tests.server.server_helpers import (
     API_KEY,
+    NEEDS_REDIS,
     EngineProbe,
     forward_logprobs,
     new_run,
@@ -38,10 +38,7 @@ from tools.processes import ServiceProcess, http_status, server_command, without
 
 redis = pytest.importorskip("redis", reason="the Python Redis client is not installed (pip "
                                              "install redis)")
-pytestmark = pytest.mark.skipif(
-    shutil.which("redis-server") is None,
-    reason="redis-server is not installed (apt-get install -y redis-server)",
-)
+pytestmark = NEEDS_REDIS
 
 HEARTBEAT_TTL = 2.0
 SAVE_EVERY = 2

@@ -21,20 +21,12 @@ from server.distributed.store import Keys, RedisFutureStore, Store, connect, dec
 from server.distributed.trainer import DistributedService, control_session
 from server.engine.engine import Engine
 from server.engine.lora import LoraSpec
-from server.engine.model_loading import load_base_model
 from server.samplers.openai_http import VLLMUnavailable
 from server.service.records import Sampler
 from server.storage.checkpoints import CheckpointStore
+from tests.server.server_helpers import NEEDS_REDIS
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("redis-server") is None,
-    reason="redis-server is not installed (apt-get install -y redis-server)",
-)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir) -> Engine:
-    return Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"))
+pytestmark = NEEDS_REDIS
 
 
 def _service(engine: Engine, redis_url: str, data_dir: Path, prefix: str) -> DistributedService:

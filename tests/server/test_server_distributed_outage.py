@@ -11,7 +11,6 @@ session and rejoins empty.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,16 +25,12 @@ from server.distributed.store import Keys, RedisFutureStore, Store, connect
 from server.distributed.trainer import DistributedService, SessionLost, TrainerWorker
 from server.engine.engine import Engine
 from server.engine.lora import LoraSpec
-from server.engine.model_loading import load_base_model
 from server.entrypoints.runtime import free_port
 from server.service.records import Sampler
 from server.storage.checkpoints import CheckpointStore
-from tests.server.server_helpers import wait_until
+from tests.server.server_helpers import NEEDS_REDIS, wait_until
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("redis-server") is None,
-    reason="redis-server is not installed (apt-get install -y redis-server)",
-)
+pytestmark = NEEDS_REDIS
 TTL = 1.0
 SESSION = "sess-outage"
 
@@ -69,11 +64,6 @@ class PersistentRedis:
             self.process.terminate()  # as a pod's SIGTERM: the append-only file is flushed
             self.process.wait(timeout=30)
             self.process = None
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir) -> Engine:
-    return Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"))
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ Two trainer services run in process against a real `redis-server`.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,21 +14,13 @@ import pytest
 from server.distributed.store import Keys, RedisFutureStore, Store, connect
 from server.distributed.trainer import DistributedService
 from server.engine.engine import Engine
-from server.engine.model_loading import load_base_model
 from server.service.errors import Backpressure, QuotaExceeded
 from server.service.records import Limits
 from server.storage.checkpoints import CheckpointStore
+from tests.server.server_helpers import NEEDS_REDIS
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("redis-server") is None,
-    reason="redis-server is not installed (apt-get install -y redis-server)",
-)
+pytestmark = NEEDS_REDIS
 KEY = "tml-quota-key"
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir) -> Engine:
-    return Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"))
 
 
 @pytest.fixture

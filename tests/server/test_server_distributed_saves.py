@@ -7,7 +7,6 @@ The trainer's service runs in process against a real `redis-server`.
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -22,19 +21,11 @@ from server.distributed.store import Keys, RedisFutureStore, Store, connect
 from server.distributed.trainer import DistributedService
 from server.engine.engine import Engine
 from server.engine.lora import LoraSpec
-from server.engine.model_loading import load_base_model
 from server.storage.checkpoints import CheckpointStore
+from tests.server.server_helpers import NEEDS_REDIS
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("redis-server") is None,
-    reason="redis-server is not installed (apt-get install -y redis-server)",
-)
+pytestmark = NEEDS_REDIS
 RUN = "sess-s:train:0"
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir) -> Engine:
-    return Engine(load_base_model(str(tiny_model_dir), device="cpu", dtype="float32"))
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ The processes themselves (two trainers, one killed mid-step) run in the deployme
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import redis
@@ -24,11 +23,9 @@ from server.distributed.placement import (
     shard_of,
 )
 from server.distributed.store import Keys
+from tests.server.server_helpers import NEEDS_REDIS
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("redis-server") is None,
-    reason="redis-server is not installed (apt-get install -y redis-server)",
-)
+pytestmark = NEEDS_REDIS
 
 
 def _json(**fields) -> bytes:
