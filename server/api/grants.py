@@ -13,11 +13,9 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI, Request, Response
 
 from server.api.errors import error_response
+from server.service.checkpoints import ACCESS_TOKEN_REFUSAL
 
 ACCESS_TOKEN_HEADER = "x-tinker-weights-access-token"
-REFUSAL = ("weights_access_token is not served by this server: a checkpoint is read with its "
-           "owner's API key (or exported with save_weights_external); send the request "
-           "without it")
 
 
 def refuse_grants(app: FastAPI) -> None:
@@ -27,5 +25,5 @@ def refuse_grants(app: FastAPI) -> None:
     async def no_grants(request: Request,
                         call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         if request.headers.get(ACCESS_TOKEN_HEADER):
-            return error_response(400, REFUSAL, "invalid_request", retry=False)
+            return error_response(400, ACCESS_TOKEN_REFUSAL, "invalid_request", retry=False)
         return await call_next(request)

@@ -30,6 +30,7 @@ import shutil
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict
 from pathlib import Path
@@ -37,6 +38,7 @@ from typing import Any
 
 import httpx
 from redis import exceptions as redis_errors
+from redis.client import Pipeline
 
 from server.api.app import create_app
 from server.api.auth import AuthError
@@ -184,11 +186,11 @@ class DistributedService(TrainingService):
     def _forget_run_journal(self, run_id: str, owner: str | None = None) -> None:
         key = self.keys.run_log(run_id)
         entries = self.redis.redis.lrange(key, 0, -1)
-        self.redis.redis.delete(key, self.keys.run_save(run_id),
-                                *(self.keys.op(parse_entry(e)[0]) for e in entries))
+        self.redis.redis.delete(key, *(self.keys.op(parse_entry(e)[0]) for e in entries))
         if owner is not None:
             self.redis.redis.srem(self.keys.key_runs(owner), run_id)
-        def delete_saves() -> None:  # after its pending saves, pointers and all
+
+        def delete_saves() -> None:  # after its pending saves (whose pointers they set)
             self.saves.delete(run_id)
             self.redis.redis.delete(self.keys.run_save(run_id))
 
@@ -358,26 +360,40 @@ class DistributedService(TrainingService):
         """Point at a written state file and trim the journal it covers, only while this
         replica owns the run's session; False (and the session lost) otherwise."""
         session = session_of_id(run_id)
-        redis, key = self.redis.redis, self.keys.run_log(run_id)
-        placement = self.keys.placement(session or "")
-        with redis.pipeline(transaction=True) as pipe:
+        if session is None:
+            return False
+        key = self.keys.run_log(run_id)
+
+        def write(pipe: Pipeline, owner: bytes | None) -> None:
+            entries = pipe.lrange(key, 0, -1)
+            pipe.multi()
+            pipe.set(self.keys.run_save(run_id), json.dumps(asdict(point)))
+            for raw in entries:
+                op_id, seq = parse_entry(raw)
+                if point.covers(op_id, seq):
+                    pipe.lrem(key, 1, raw)
+                    pipe.delete(self.keys.op(op_id))
+
+        return self.fenced(session, write, key)
+
+    def fenced(self, session: str, write: Callable[[Pipeline, bytes | None], None],
+               *watch: str) -> bool:
+        """One Redis transaction for `session`, fenced on its placement: the lease token is the
+        placement's value, which only a take-over changes. `write(pipe, owner)` gets the
+        watched pipeline and the session's owner (None before it is placed), may read, then
+        calls `pipe.multi()` and queues its writes. False, with nothing written and the session
+        lost here, when another trainer owns it; retried when a watched key changes."""
+        placement = self.keys.placement(session)
+        with self.redis.redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    pipe.watch(placement, key)
+                    pipe.watch(placement, *watch)
                     owner = pipe.get(placement)
-                    if session is None or (owner is not None
-                                           and owner.decode() != self.worker_id):
-                        if session is not None:
-                            self.lose_sessions({session}, f"placed on {owner.decode()}")
+                    if owner is not None and owner.decode() != self.worker_id:
+                        pipe.reset()
+                        self.lose_sessions({session}, f"placed on {owner.decode()}")
                         return False
-                    entries = pipe.lrange(key, 0, -1)
-                    pipe.multi()
-                    pipe.set(self.keys.run_save(run_id), json.dumps(asdict(point)))
-                    for raw in entries:
-                        op_id, seq = parse_entry(raw)
-                        if point.covers(op_id, seq):
-                            pipe.lrem(key, 1, raw)
-                            pipe.delete(self.keys.op(op_id))
+                    write(pipe, owner)
                     pipe.execute()
                     return True
                 except redis_errors.WatchError:
@@ -911,24 +927,14 @@ class TrainerWorker:
                 pipe.delete(keys.op(op_id))
                 pipe.execute()
             return True
-        placement = keys.placement(session)
-        with redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    pipe.watch(placement)
-                    owner = pipe.get(placement)
-                    if owner is not None and owner.decode() != self.worker_id:
-                        pipe.reset()
-                        self.service.lose_sessions({session}, f"placed on {owner.decode()}")
-                        return False
-                    pipe.multi()
-                    pipe.rpush(log_key, log_entry(op_id, target.seq_id))
-                    if owner is None and path == "/create_session":
-                        pipe.set(placement, self.worker_id)
-                        pipe.sadd(keys.owned(self.worker_id), session)
-                    pipe.hset(keys.op(op_id), "body", body)
-                    pipe.lrem(self.taken, 0, op_id)
-                    pipe.execute()
-                    return True
-                except redis_errors.WatchError:
-                    continue
+
+        def write(pipe: Pipeline, owner: bytes | None) -> None:
+            pipe.multi()
+            pipe.rpush(log_key, log_entry(op_id, target.seq_id))
+            if owner is None and path == "/create_session":
+                pipe.set(keys.placement(session), self.worker_id)
+                pipe.sadd(keys.owned(self.worker_id), session)
+            pipe.hset(keys.op(op_id), "body", body)
+            pipe.lrem(self.taken, 0, op_id)
+
+        return self.service.fenced(session, write)

@@ -220,14 +220,16 @@ class CheckpointRequests(RunOrdering):
         return {"tinker_path": str(target)}
 
 
+ACCESS_TOKEN_REFUSAL = (
+    "weights_access_token is not served by this server: a checkpoint is read with its owner's "
+    "API key (or exported with save_weights_external); send the request without it"
+)
+
+
 def refuse_access_token(body: dict[str, Any]) -> None:
     """A `weights_access_token` asks to read another owner's weights with a grant the hosted
     service issues; here a checkpoint is readable by its owner's key alone (and through signed
     export URLs), so the request is refused by the field's name rather than served as if the
     token had been checked (`server.api.grants` refuses the same grant sent as a header)."""
     if body.get("weights_access_token"):
-        raise UserError(
-            "weights_access_token is not served by this server: a checkpoint is read with its "
-            "owner's API key (or exported with save_weights_external); send the request "
-            "without it"
-        )
+        raise UserError(ACCESS_TOKEN_REFUSAL)
