@@ -88,8 +88,9 @@ def run_trainer(args: argparse.Namespace) -> None:
     from server.storage.checkpoints import CheckpointStore
 
     config = config_from_args(args)
+    checkpoints = CheckpointStore(config.data_dir)  # before the model: a share it cannot write
     store = Store(connect(args.redis_url), Keys(args.redis_prefix))
-    service = DistributedService(build_engine(config), CheckpointStore(config.data_dir),
+    service = DistributedService(build_engine(config), checkpoints,
                                  RedisFutureStore(store), store, save_every=args.save_every,
                                  fuse=config.fuse, tokenizer_id=tokenizer_id_of(config),
                                  limits=config.limits)

@@ -32,6 +32,7 @@ from safetensors.torch import save_file
 
 from server.engine.lora import AdapterWeights
 from server.storage.checkpoints import adapter_tensors, peft_config
+from server.storage.ownership import ensure_writable_dir
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,7 @@ class AdapterPublisher:
     """Writes adapters as PEFT directories named by their content; idempotent and thread-safe."""
 
     def __init__(self, root: str | Path, base_model: str):
-        self.directory = Path(root) / "adapters"
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory = ensure_writable_dir(Path(root) / "adapters")
         self.base_model = base_model
         self._lock = threading.Lock()
         self._known: dict[int, tuple[weakref.ref, tuple, PublishedAdapter]] = {}

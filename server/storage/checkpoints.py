@@ -36,6 +36,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from server.engine.lora import ATTN_MODULES, MLP_MODULES, UNEMBED_MODULES, AdapterWeights, LoraSpec
+from server.storage.ownership import ensure_writable_dir
 
 KINDS = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
 LOADABLE_KINDS = ("weights", "sampler_weights")
@@ -204,7 +205,7 @@ class CheckpointStore:
 
     def __init__(self, data_dir: str | Path):
         self.root = Path(data_dir)
-        (self.root / "runs").mkdir(parents=True, exist_ok=True)
+        ensure_writable_dir(self.root / "runs")
         self._lock = threading.Lock()
 
     def run_dir(self, run_id: str) -> Path:

@@ -563,3 +563,81 @@ def test_redis_memory_is_bounded_below_its_limit_and_never_evicts_queued_work(re
     assert bound.endswith("mb")
     limit = container["resources"]["limits"]["memory"]
     assert limit.endswith("Gi") and int(bound[:-2]) < int(limit[:-2]) * 1024
+
+
+# ----------------------------------------------------------------- storage ownership
+
+
+def _share_owner() -> list[dict]:
+    command = kustomize_command()
+    if command is None:
+        pytest.skip("neither kustomize nor kubectl (which embeds kustomize) is installed")
+    result = subprocess.run([*command, str(GKE / "share-owner")], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def test_the_share_owner_job_is_root_with_chown_alone_in_a_baseline_namespace_of_its_own():
+    """Root with CAP_CHOWN is refused by the restricted namespace the workloads run in, so the
+    Job lives in its own namespace at baseline (warning and auditing at restricted), with every
+    other capability dropped and nothing else a baseline pod may have."""
+    kubernetes_validate = pytest.importorskip(
+        "kubernetes_validate", reason="kubernetes-validate is not installed")
+    docs = _share_owner()
+    for obj in docs:
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+    [namespace] = [d for d in docs if d["kind"] == "Namespace"]
+    labels = namespace["metadata"]["labels"]
+    assert namespace["metadata"]["name"] != NAMESPACE
+    assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert labels["pod-security.kubernetes.io/warn"] == "restricted"
+    [job] = [d for d in docs if d["kind"] == "Job"]
+    assert job["metadata"]["namespace"] == namespace["metadata"]["name"]
+    spec = job["spec"]["template"]["spec"]
+    assert spec["securityContext"]["runAsUser"] == 0
+    assert spec["automountServiceAccountToken"] is False
+    [container] = spec["containers"]
+    ctx = container["securityContext"]
+    assert ctx["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE"]}
+    assert ctx["allowPrivilegeEscalation"] is False and ctx["readOnlyRootFilesystem"] is True
+    assert [v for v in spec["volumes"] if "nfs" in v]  # reaches the share without a claim
+
+
+def test_the_share_owner_gives_away_every_directory_the_workloads_mount_by_subpath(rendered):
+    """The kubelet creates a missing subPath directory owned by root, so each one the overlays
+    mount from the share is made and given away by the Job too."""
+    [job] = [d for d in _share_owner() if d["kind"] == "Job"]
+    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    owner = env["OWNER"]
+    subdirs = set(env["SUBDIRS"].split())
+    mounted = set()
+    for overlay, obj in objects(rendered):
+        spec = pod_spec(obj)
+        if spec is None:
+            continue
+        claims = {v["name"] for v in spec.get("volumes", []) if "persistentVolumeClaim" in v}
+        for c in containers(spec):
+            for mount in c.get("volumeMounts", []):
+                if mount["name"] in claims and mount.get("subPath"):
+                    mounted.add(mount["subPath"])
+        user, group = spec["securityContext"]["runAsUser"], spec["securityContext"].get(
+            "runAsGroup", spec["securityContext"].get("fsGroup"))
+        assert f"{user}:{group}" == owner, name_of(overlay, obj)
+    for template in TRIAL_TEMPLATES.values():
+        trial = yaml.safe_load(template.read_text())["spec"]["template"]["spec"]
+        mounted |= {m["subPath"] for c in trial["containers"]
+                    for m in c.get("volumeMounts", []) if m.get("subPath")}
+    assert mounted and mounted <= subdirs, (mounted, subdirs)
+
+
+def test_the_share_owner_script_parses_and_fills_in_the_volume_the_job_names():
+    script = GKE / "share-owner" / "apply.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    text = script.read_text()
+    [job] = [d for d in _share_owner() if d["kind"] == "Job"]
+    [nfs] = [v["nfs"] for v in job["spec"]["template"]["spec"]["volumes"] if "nfs" in v]
+    assert nfs["server"] in text and nfs["path"] in text
+    guide = (ROOT / "docs" / "deploy-gke.md").read_text()
+    assert "deploy/gke/share-owner/apply.sh" in guide
