@@ -1,5 +1,5 @@
 """`python -m tools.rehearsal single-gpu|split [--trainers N] [--steps N] [--model DIR]
-[--redis-outage SECONDS]`:
+[--redis-outage SECONDS] [--device cuda|cpu]`:
 rehearse an overlay here and print its timeline (see `scenario.py`)."""
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ def main() -> None:
                         help="a local model directory (default: a tiny random Gemma 3)")
     parser.add_argument("--redis-outage", type=float, default=scenario.REDIS_OUTAGE_SECONDS,
                         help="seconds the split rehearsal's Redis stays away (default: "
-                             "%(default)s; 120 for a rescheduled Redis pod)")
+                             "%(default)s: a Redis pod rescheduled with its disk)")
+    parser.add_argument("--device", choices=tuple(scenario.DEVICE_ARGS), default="cuda",
+                        help="what the manifests' GPU flags become: the CUDA layout emulated "
+                             "on the CPU (default) or the CPU's fp32")
     parser.add_argument("--keep", action="store_true", help="keep the volumes and logs")
     args = parser.parse_args()
     model = args.model
@@ -30,9 +33,9 @@ def main() -> None:
         model = build_model(Path(tempfile.mkdtemp(prefix="tiny-gemma-")) / "model")
     if args.overlay == "split":
         rehearsal = scenario.split(model, args.steps, trainers=args.trainers,
-                                   redis_outage=args.redis_outage)
+                                   redis_outage=args.redis_outage, device=args.device)
     else:
-        rehearsal = scenario.single_gpu(model, args.steps)
+        rehearsal = scenario.single_gpu(model, args.steps, device=args.device)
     try:
         print(rehearsal.report())
     finally:

@@ -6,8 +6,10 @@ config maps as files), each container its image's entrypoint and environment, th
 command, arguments and `env` with `$(VAR)` expanded, and every address rewritten to this machine:
 a Service name to a local round-robin proxy over the pods it selects, a pod's own ports to free
 local ones, a mount path to its directory. When this process is root, every container runs as
-its own user with the groups of the volumes it mounts writable, so a `readOnly` mount of a
-shared volume really is read-only to it. Probes run as the kubelet would (HTTP, exec, TCP); a
+its securityContext's user and groups (`setpriv`), with only the capabilities it adds, and the
+volumes are owned as the cluster's drivers leave them: an emptyDir writable by all, a
+ReadWriteOnce disk given to the pod's fsGroup, a ReadWriteMany share (Filestore) owned by root
+until something gives it away. Probes run as the kubelet would (HTTP, exec, TCP); a
 container that exits is restarted where its pod's policy says so. What a GPU or the cloud does
 (scheduling, node pools, load balancers, storage classes) is out of scope; `Substitutions`
 lists what stands in for what.
@@ -38,15 +40,19 @@ import httpx
 from tools.processes import wait_until
 from tools.rehearsal.manifests import (
     REPO,
+    Budget,
     ContainerSpec,
     Image,
+    Security,
     Service,
     Workload,
+    budgets,
     config_maps,
     expand,
     image_of,
     resolve_env,
     services,
+    shared_claims,
     workloads,
 )
 
@@ -81,6 +87,8 @@ class Substitutions:
     """Added to every container (e.g. the local Kubernetes API's kubeconfig)."""
     files: dict[str, dict[str, str]] = field(default_factory=dict)
     """ConfigMap entries replaced, by ConfigMap name (prefix, as generators add a hash)."""
+    nfs_claim: str = "autoresearch-data"
+    """What an `nfs` volume reaches: the share bound to this claim (the Filestore instance)."""
 
 
 def _die_with_parent() -> None:
@@ -89,22 +97,51 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def image_files() -> list[Path]:
+    """What a container's image holds here: this checkout, its environment and the
+    interpreter that environment was made from."""
+    return sorted({Path(p).resolve() for p in (REPO, sys.prefix, sys.base_prefix)})
+
+
 def image_paths() -> list[Path]:
-    """What the container image holds here (this checkout and its Python): it stays visible
-    when the pod's own /tmp covers this machine's (a checkout or environment under /tmp)."""
-    found = {Path(p).resolve() for p in (REPO, sys.prefix, sys.base_prefix)}
-    return sorted(p for p in found if p.is_relative_to("/tmp"))
+    """The image's files under /tmp: they stay visible when the pod's own /tmp covers this
+    machine's (a checkout or environment under /tmp)."""
+    return [p for p in image_files() if p.is_relative_to("/tmp")]
+
+
+def hidden_ancestors(paths: list[Path]) -> dict[Path, list[Path]]:
+    """For each of `paths` that another user could not reach (an ancestor without search
+    permission for others, such as a home directory of mode 700), that ancestor and the paths
+    under it: the pods' user sees the image's files, as an image gives them."""
+    hidden: dict[Path, list[Path]] = {}
+    for path in paths:
+        for ancestor in reversed(path.parents):
+            if ancestor != Path("/") and not ancestor.stat().st_mode & 0o001:
+                hidden.setdefault(ancestor, []).append(path)
+                break
+    return hidden
 
 
 def mount_namespace(writable: list[Path], read_only: list[Path],
-                    tmp: Path | None = None, staging: Path | None = None) -> list[str]:
+                    tmp: Path | None = None, staging: Path | None = None,
+                    reveal: list[Path] | None = None) -> list[str]:
     """A command prefix that runs the rest in a new mount namespace where only `writable` can
-    be written: each volume bound onto itself (read-only ones remounted so), the pod's /tmp
-    volume (if any) at /tmp itself (the image's paths under /tmp carried over through
-    `staging`, a directory outside /tmp), then the root read-only."""
+    be written: each volume bound onto itself (read-only ones remounted so), the image's paths
+    in `reveal` made reachable where an ancestor would hide them from another user (that
+    ancestor covered by an empty read-only tmpfs holding only them), the pod's /tmp volume (if
+    any) at /tmp itself (the image's paths under /tmp carried over), then the root read-only.
+    `staging` (a directory outside /tmp) carries paths across the mounts that cover them."""
     steps = ["set -e"]
     for path in writable:
         steps.append(f"mount --bind '{path}' '{path}'")
+    for i, (cover, kept) in enumerate(hidden_ancestors(reveal or []).items()):
+        for j, path in enumerate(kept):
+            steps += [f"mkdir -p '{staging}/hidden-{i}-{j}'",
+                      f"mount --bind '{path}' '{staging}/hidden-{i}-{j}'"]
+        steps.append(f"mount -t tmpfs -o mode=755 tmpfs '{cover}'")
+        for j, path in enumerate(kept):
+            steps += [f"mkdir -p '{path}'", f"mount --bind '{staging}/hidden-{i}-{j}' '{path}'"]
+        steps.append(f"mount -o remount,ro '{cover}'")
     if tmp is not None:
         kept = image_paths() if staging is not None else []
         for i, path in enumerate(kept):
@@ -118,6 +155,48 @@ def mount_namespace(writable: list[Path], read_only: list[Path],
     steps += ["mount --bind / /", "mount -o remount,bind,ro /", 'exec "$@"']
     return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
             "; ".join(steps), "sh"]
+
+
+def run_as(security: Security) -> list[str]:
+    """A command prefix that runs the rest as `security` says: its uid and gid, its fsGroup
+    and supplementary groups, only the capabilities it adds, no new privileges if so asked;
+    killed with the rehearsal (a change of uid clears the parent-death signal)."""
+    if security.user is None:
+        return []
+    group = security.group if security.group is not None else security.user
+    groups = ",".join(str(g) for g in dict.fromkeys(security.supplemental))
+    capabilities = "".join(f",+{c.lower()}" for c in security.add_capabilities)
+    return ["setpriv", f"--reuid={security.user}", f"--regid={group}",
+            f"--groups={groups}" if groups else "--clear-groups",
+            f"--bounding-set=-all{capabilities}", "--inh-caps=-all", "--pdeathsig=KILL",
+            *(["--no-new-privs"] if security.no_new_privileges else [])]
+
+
+def can_run_as_users() -> bool:
+    """Whether containers can run as their manifests' users here (root, with setpriv)."""
+    return os.geteuid() == 0 and shutil.which("setpriv") is not None
+
+
+def check_readable_by(user: int, staging: Path) -> None:
+    """The checkout and its interpreter must be readable by the pods' user, as an image's
+    files are; say so plainly instead of letting every pod crash."""
+    tmp = staging / "probe-tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    tmp.chmod(0o777)
+    reveal = [*mount_namespace([tmp], [], staging=staging, reveal=image_files())] if (
+        can_isolate()) else []
+    probe = subprocess.run(
+        [*reveal, *run_as(Security(user, user, None)), sys.executable, "-c",
+         "import server, tinker, redis.asyncio"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "TMPDIR": str(tmp),
+             "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "datasets")])})
+    shutil.rmtree(tmp, ignore_errors=True)
+    if probe.returncode != 0:
+        raise RuntimeError(
+            f"uid {user} (the pods' user) cannot run this checkout's Python ({REPO}, "
+            f"{sys.executable}): make them readable by all, as an image's files are.\n"
+            + probe.stderr[-2000:])
 
 
 def can_isolate() -> bool:
@@ -190,6 +269,7 @@ class Container:
     isolate: bool
     log_dir: Path
     tmp: Path | None = None
+    run_as: list[str] = field(default_factory=list)
     process: subprocess.Popen | None = None
     restarts: int = 0
     stopping: bool = False
@@ -198,10 +278,11 @@ class Container:
 
     def start(self) -> None:
         log = open(self.log_dir / f"{self.spec.name}-{self.restarts}.log", "ab")  # noqa: SIM115
-        command = self.command
+        command = [*self.run_as, *self.command]
         if self.isolate:
             command = [*mount_namespace(self.writable, self.read_only, self.tmp,
-                                        self.log_dir / f".image-{self.spec.name}"), *command]
+                                        self.log_dir / f".image-{self.spec.name}",
+                                        image_files() if self.run_as else None), *command]
         self.process = subprocess.Popen(command, env=self.env, cwd=self.cwd, stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True,
                                         preexec_fn=_die_with_parent)
@@ -266,8 +347,16 @@ class LocalCluster:
                 if name.startswith(prefix):
                     data.update(replaced)
         self.services: dict[str, Service] = services(docs)
+        self.shared_claims = shared_claims(docs)
+        self.budgets: list[Budget] = budgets(docs)
         self.pods: dict[str, Pod] = {}
         self.enforce_read_only = can_isolate()
+        self.run_as_users = can_run_as_users()
+        if self.run_as_users:
+            root.chmod(0o755)  # as a node's pod directories: the pods' users traverse it
+            users = {c.security.user for w in self.workloads.values() for c in w.containers()}
+            for user in sorted(u for u in users if u):
+                check_readable_by(user, root)
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self.proxies = {name: Proxy(name, lambda s=svc: self._backends(s))
@@ -308,6 +397,15 @@ class LocalCluster:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
+    def _owned(self, path: Path, mode: int, fs_group: int | None = None) -> Path:
+        """A volume's directory with the mode (and fsGroup) its driver gives it."""
+        self._writable_dir(path)
+        if self.run_as_users:
+            if fs_group is not None:
+                os.chown(path, -1, fs_group)
+            path.chmod(mode)
+        return path
+
     def _files_dir(self, path: Path, files: dict[str, str]) -> Path:
         path.mkdir(parents=True, exist_ok=True)
         path.chmod(0o755)
@@ -319,13 +417,20 @@ class LocalCluster:
     def _volume_dirs(self, pod_name: str, workload: Workload,
                      annotations: dict[str, str]) -> dict[str, Path]:
         pod_root = self.root / "pods" / pod_name
+        fs_group = (workload.template["spec"].get("securityContext") or {}).get("fsGroup")
         dirs: dict[str, Path] = {}
         for name, volume in workload.volumes.items():
             if "persistentVolumeClaim" in volume:
                 claim = volume["persistentVolumeClaim"]["claimName"]
-                dirs[name] = self._writable_dir(self.root / "volumes" / claim)
+                path = self.root / "volumes" / claim
+                if claim in self.shared_claims:  # Filestore: as its CSI driver leaves it
+                    dirs[name] = self._writable_dir(path)
+                else:
+                    dirs[name] = self._owned(path, 0o2775, fs_group)
+            elif "nfs" in volume:
+                dirs[name] = self._writable_dir(self.root / "volumes" / self.subs.nfs_claim)
             elif "emptyDir" in volume:
-                dirs[name] = self._writable_dir(pod_root / name)
+                dirs[name] = self._owned(pod_root / name, 0o777)
             elif "secret" in volume:
                 secret = self.subs.secrets.get(volume["secret"]["secretName"], {})
                 dirs[name] = self._files_dir(pod_root / name, secret)
@@ -346,8 +451,9 @@ class LocalCluster:
                     path = item["fieldRef"]["fieldPath"]
                     files[item["path"]] = annotations.get(path.split("'")[1], "")
                 dirs[name] = self._files_dir(pod_root / name, files)
-        for claim in workload.volume_claims:
-            dirs[claim] = self._writable_dir(self.root / "volumes" / f"{claim}-{pod_name}")
+        for claim in workload.volume_claims:  # a ReadWriteOnce disk each: fsGroup applies
+            dirs[claim] = self._owned(self.root / "volumes" / f"{claim}-{pod_name}", 0o2775,
+                                      fs_group)
         return dirs
 
     # ---------------------------------------------------------------- rewriting
@@ -416,7 +522,8 @@ class LocalCluster:
         }
         workdir = mounts.get(image.workdir) if image else None
         return Container(spec, [*head, *args], env, workdir or log_dir, writable, read_only,
-                         self.enforce_read_only, log_dir, mounts.get("/tmp"))
+                         self.enforce_read_only, log_dir, mounts.get("/tmp"),
+                         run_as(spec.security) if self.run_as_users else [])
 
     # ---------------------------------------------------------------- pods
     def create_pod(self, workload_name: str, index: int, generation: int = 0) -> Pod:
@@ -571,11 +678,98 @@ class LocalCluster:
                    f"{time.monotonic() - started:.1f} s)")
         if not replace:
             return None
-        index = int(pod_name.split("-r")[0].rsplit("-", 1)[1])
-        generation = sum(1 for p in self.pods if p.startswith(pod_name.split("-r")[0]))
-        replacement = self.create_pod(pod.workload.name, index, generation)
+        replacement = self._replace(pod_name)
         self.wait_started(replacement)
         return replacement
+
+    def _replace(self, pod_name: str) -> Pod:
+        """The controller's new pod for a deleted one (same index, next generation)."""
+        pod = self.pods[pod_name]
+        index = int(pod_name.split("-r")[0].rsplit("-", 1)[1])
+        generation = sum(1 for p in self.pods if p.startswith(pod_name.split("-r")[0]))
+        return self.create_pod(pod.workload.name, index, generation)
+
+    # ---------------------------------------------------------------- drains
+    def _selected(self, selector: dict[str, str]) -> list[Pod]:
+        with self._lock:
+            return [p for p in self.pods.values() if not p.deleted
+                    and all(p.workload.labels.get(k) == v for k, v in selector.items())]
+
+    def ready(self, pod: Pod) -> bool:
+        """Every container runs and passes its readiness probe (what a budget counts)."""
+        for container in pod.containers.values():
+            probe = container.spec.probes.get("readinessProbe")
+            if not container.alive() or (probe is not None and not self.probe(pod, container,
+                                                                              probe)):
+                return False
+        return True
+
+    def refusing_budget(self, pod: Pod) -> tuple[Budget, int] | None:
+        """The budget (and its healthy count) that refuses evicting `pod` now, if any."""
+        for budget in self.budgets:
+            if not all(pod.workload.labels.get(k) == v for k, v in budget.selector.items()):
+                continue
+            selected = self._selected(budget.selector)
+            healthy = sum(self.ready(p) for p in selected)
+            if budget.allowed(healthy, len(selected)) <= 0:
+                return budget, healthy
+        return None
+
+    def drain(self, pod_names: list[str], retry_seconds: float = 5.0,
+              timeout: float = 900.0) -> dict[str, Any]:
+        """`kubectl drain` of a node that holds `pod_names`: each is evicted through the
+        eviction API, which refuses while a disruption budget would be broken (kubectl retries
+        every 5 s); an evicted pod gets SIGTERM and its grace period, and its controller makes
+        a replacement elsewhere. Returns what happened: refusals, and the fewest ready pods of
+        each budget seen while it ran (sampled every 0.2 s)."""
+        started = time.monotonic()
+        pending = list(pod_names)
+        refusals: dict[str, int] = {}
+        concerned = [b for b in self.budgets if any(
+            all(self.pods[n].workload.labels.get(k) == v for k, v in b.selector.items())
+            for n in pod_names)]
+        fewest = {b.name: len(self._selected(b.selector)) for b in concerned}
+        replacements: list[Pod] = []
+        watching = threading.Event()
+
+        def watch() -> None:
+            while not watching.wait(0.2):
+                for budget in concerned:
+                    ready = sum(self.ready(p) for p in self._selected(budget.selector))
+                    fewest[budget.name] = min(fewest[budget.name], ready)
+
+        watcher = threading.Thread(target=watch, name="drain-watch", daemon=True)
+        watcher.start()
+        self.event(f"drain of a node holding {', '.join(pod_names)} (under "
+                   f"{len(self.budgets)} disruption budgets)")
+        try:
+            while pending:
+                if time.monotonic() - started > timeout:
+                    raise TimeoutError(f"drain did not finish: {pending} still refused")
+                for name in list(pending):
+                    refused = self.refusing_budget(self.pods[name])
+                    if refused is not None:
+                        budget, healthy = refused
+                        if name not in refusals:
+                            self.event(f"eviction of {name} refused: budget {budget.name} "
+                                       f"has {healthy} ready (retrying every "
+                                       f"{retry_seconds:.0f} s)")
+                        refusals[name] = refusals.get(name, 0) + 1
+                        continue
+                    pending.remove(name)
+                    self.delete_pod(name, replace=False)
+                    replacements.append(self._replace(name))
+                if pending:
+                    time.sleep(retry_seconds)
+            for pod in replacements:
+                self.wait_started(pod)
+        finally:
+            watching.set()
+            watcher.join(timeout=5)
+        self.event(f"drain done in {time.monotonic() - started:.1f} s: "
+                   + ", ".join(f"{b} never below {n} ready" for b, n in sorted(fewest.items())))
+        return {"refusals": refusals, "fewest_ready": fewest,
+                "replacements": [p.name for p in replacements]}
 
     def _supervise(self) -> None:
         """The kubelet's restart loop: a container that exited is started again (restart
@@ -606,8 +800,9 @@ class LocalCluster:
                                f"(restart {container.restarts})")
 
     def wait_all_started(self) -> None:
-        """Block until every container of every live pod runs and passes its probes."""
-        for pod in [p for p in list(self.pods.values()) if not p.deleted]:
+        """Block until every container of every live pod runs and passes its probes (a Job's
+        pod, which runs to completion, excepted)."""
+        for pod in [p for p in list(self.pods.values()) if not p.deleted and p.workload.restarts]:
             for container in pod.containers.values():
                 wait_until(lambda c=container: c.alive(), timeout=330,
                            what=f"{pod.name}/{container.spec.name} to run again", interval=0.1)

@@ -116,6 +116,34 @@ class Mount:
     sub_path: str = ""
 
 
+@dataclass(frozen=True)
+class Security:
+    """Who a container runs as and what it may do: its pod's and its own securityContext."""
+
+    user: int | None
+    group: int | None
+    fs_group: int | None
+    """Given to the volumes whose driver applies it (emptyDir, a ReadWriteOnce disk), and to
+    the container as a supplementary group."""
+    supplemental: tuple[int, ...] = ()
+    add_capabilities: tuple[str, ...] = ()
+    no_new_privileges: bool = False
+
+
+def security_of(pod: dict[str, Any], container: dict[str, Any]) -> Security:
+    """A container's Security: its own runAsUser/runAsGroup over the pod's."""
+    pod_context = pod.get("securityContext") or {}
+    own = container.get("securityContext") or {}
+    user = own.get("runAsUser", pod_context.get("runAsUser"))
+    group = own.get("runAsGroup", pod_context.get("runAsGroup"))
+    fs_group = pod_context.get("fsGroup")
+    supplemental = tuple(pod_context.get("supplementalGroups") or ())
+    return Security(user, group, fs_group,
+                    (*supplemental, *([fs_group] if fs_group is not None else [])),
+                    tuple((own.get("capabilities") or {}).get("add") or ()),
+                    own.get("allowPrivilegeEscalation") is False)
+
+
 @dataclass
 class ContainerSpec:
     name: str
@@ -126,7 +154,7 @@ class ContainerSpec:
     mounts: list[Mount]
     ports: dict[str, int]
     probes: dict[str, dict[str, Any]]
-    run_as_user: int | None
+    security: Security
 
 
 @dataclass
@@ -151,7 +179,6 @@ class Workload:
 
     def containers(self) -> list[ContainerSpec]:
         spec = self.template["spec"]
-        pod_user = (spec.get("securityContext") or {}).get("runAsUser")
         out = []
         for c in spec["containers"]:
             out.append(ContainerSpec(
@@ -163,7 +190,7 @@ class Workload:
                        for p in c.get("ports") or []},
                 probes={kind: c[kind] for kind in ("startupProbe", "readinessProbe",
                                                    "livenessProbe") if kind in c},
-                run_as_user=(c.get("securityContext") or {}).get("runAsUser", pod_user)))
+                security=security_of(spec, c)))
         return out
 
 
@@ -178,6 +205,13 @@ def workloads(docs: list[dict[str, Any]]) -> dict[str, Workload]:
                                                   int(spec.get("replicas", 1) or 1),
                                                   spec["template"], claims)
     return found
+
+
+def shared_claims(docs: list[dict[str, Any]]) -> set[str]:
+    """Claims of ReadWriteMany volumes (Filestore here): their driver does not apply fsGroup,
+    so a fresh one is owned by root whatever the pods' securityContext says."""
+    return {d["metadata"]["name"] for d in docs if d.get("kind") == "PersistentVolumeClaim"
+            and "ReadWriteMany" in (d["spec"].get("accessModes") or [])}
 
 
 def config_maps(docs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
@@ -198,6 +232,36 @@ def services(docs: list[dict[str, Any]]) -> dict[str, Service]:
         d["metadata"]["name"], dict(d["spec"].get("selector") or {}),
         {int(p["port"]): p.get("targetPort", p["port"]) for p in d["spec"].get("ports", [])})
         for d in docs if d.get("kind") == "Service"}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A PodDisruptionBudget: how many of the pods it selects an eviction must leave."""
+
+    name: str
+    selector: dict[str, str]
+    min_available: int | None
+    max_unavailable: int | None
+
+    def allowed(self, healthy: int, expected: int) -> int:
+        """Disruptions allowed now, as the eviction API computes them."""
+        if self.min_available is not None:
+            return healthy - self.min_available
+        return healthy - (expected - (self.max_unavailable or 0))
+
+
+def budgets(docs: list[dict[str, Any]]) -> list[Budget]:
+    found = []
+    for d in docs:
+        if d.get("kind") != "PodDisruptionBudget":
+            continue
+        spec = d["spec"]
+        for key in ("minAvailable", "maxUnavailable"):
+            if isinstance(spec.get(key), str):
+                raise ValueError(f"{d['metadata']['name']}: percentages are not rehearsed")
+        found.append(Budget(d["metadata"]["name"], dict(spec["selector"]["matchLabels"]),
+                            spec.get("minAvailable"), spec.get("maxUnavailable")))
+    return found
 
 
 # ------------------------------------------------------------------ environment

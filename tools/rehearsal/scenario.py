@@ -23,8 +23,9 @@ import httpx
 import tinker
 from tinker import types
 
-from tools.rehearsal.cluster import LocalCluster, Substitutions
-from tools.rehearsal.manifests import render
+from tools.processes import wait_until
+from tools.rehearsal.cluster import LocalCluster, Pod, Substitutions
+from tools.rehearsal.manifests import GKE, render
 
 API_KEY = "tml-rehearsal-key"
 REDIS_PASSWORD = "rehearsal-redis-password"
@@ -136,11 +137,49 @@ class Rehearsal:
         return "\n".join(lines)
 
 
-def _substitutions(model_dir: Path, root: Path, env: dict[str, str]) -> Substitutions:
-    """The model copied beside the volumes, as an image would hold it."""
+DEVICE_ARGS = {
+    "cuda": {"--device=cuda": ["--device=cpu", "--emulate-device=cuda"]},
+    "cpu": {"--device=cuda": ["--device=cpu"], "--dtype=bfloat16": ["--dtype=float32"]},
+}
+"""What the manifests' GPU flags become: the CUDA layout emulated on the CPU (bf16 throughout,
+the GPU's default path, batch invariance off as on a GPU), or the CPU's own fp32 layout."""
+
+
+def _substitutions(model_dir: Path, root: Path, env: dict[str, str],
+                   device: str = "cuda") -> Substitutions:
+    """The model copied beside the volumes, as an image would hold it; the GPU's flags as
+    `device` says (`DEVICE_ARGS`)."""
     local = root / "image" / "model"
     shutil.copytree(model_dir, local)
-    return Substitutions(model_dir=local, secrets=SECRETS, env=env)
+    for path in [local.parent, local, *local.rglob("*")]:  # an image's files: readable by all
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return Substitutions(model_dir=local, secrets=SECRETS, env=env, args=DEVICE_ARGS[device])
+
+
+def own_share(cluster: LocalCluster) -> str:
+    """The deployment's storage step: the share-owner Job, from its rendered manifest, run as
+    root with the capabilities it adds against the claim's share (`deploy/gke/share-owner`)."""
+    [job] = [d for d in render(GKE / "share-owner") if d.get("kind") == "Job"]
+    ok, log = cluster.run_job(job, timeout=120)
+    if not ok:
+        raise RuntimeError(f"the share-owner Job failed:\n{log}")
+    for line in log.strip().splitlines():
+        cluster.event(f"share-owner: {line}")
+    return log
+
+
+def refused_until_owned(cluster: LocalCluster, pod: Pod) -> str:
+    """A pod started on the fresh share (owned by root) must stop with the error that names
+    the storage step; the step runs, and the pod's next start must come up. Returns that
+    error."""
+    container = next(iter(pod.containers.values()))
+    wait_until(lambda: "share-owner" in container.log_text(), timeout=120,
+               what=f"{pod.name} to refuse the root-owned share", interval=0.2)
+    refusal = next(line for line in container.log_text().splitlines() if "share-owner" in line)
+    cluster.event(f"{pod.name} refused the share: {refusal[:160]}")
+    own_share(cluster)
+    cluster.wait_started(pod)
+    return refusal
 
 
 def new_root() -> Path:
@@ -151,14 +190,17 @@ def new_root() -> Path:
 
 
 def single_gpu(model_dir: Path, steps: int, root: Path | None = None,
-               say: Callable[[str], None] = print) -> Rehearsal:
-    """The all-in-one server: up, the loop, then its pod deleted and replaced (a node upgrade)
-    and the loop resumed from the saved checkpoint."""
+               say: Callable[[str], None] = print, device: str = "cuda") -> Rehearsal:
+    """The all-in-one server on a fresh share owned by root: it refuses the share until the
+    share-owner Job has run, then comes up; the loop; then its pod deleted and replaced (a node
+    upgrade) and the loop resumed from the saved checkpoint."""
     root = root or new_root()
     started = time.monotonic()
-    cluster = LocalCluster(render("single-gpu"), root, _substitutions(model_dir, root, {}), say)
+    cluster = LocalCluster(render("single-gpu"), root,
+                           _substitutions(model_dir, root, {}, device), say)
     try:
-        [pod] = cluster.scale_up("autoresearch-server")
+        pod = cluster.create_pod("autoresearch-server", 0)
+        refusal = refused_until_owned(cluster, pod)
         url = cluster.url("autoresearch-api")
         model = str(cluster.subs.model_dir)
         records = train(url, model, steps)
@@ -172,7 +214,8 @@ def single_gpu(model_dir: Path, steps: int, root: Path | None = None,
             loss = _result(client.forward(batch(steps), "cross_entropy")).metrics["loss:sum"]
             cluster.event(f"after the replacement, run {name} resumed from "
                           f"{record.checkpoints[-1]} (next loss {loss:.4f})")
-        return Rehearsal("single-gpu", cluster, records, time.monotonic() - started)
+        return Rehearsal("single-gpu", cluster, records, time.monotonic() - started,
+                         [f"before the share-owner Job: {refusal}"], {"refusal": refusal})
     except BaseException:
         cluster.close()
         raise
@@ -197,27 +240,31 @@ def _trainer_of(cluster: LocalCluster, model_id: str, redis_url: str) -> str:
     raise LookupError(f"no live trainer pod owns {session} (placement {owner!r})")
 
 
-REDIS_OUTAGE_SECONDS = 30.0
-"""How long the split rehearsal's Redis stays away by default: three times the trainers'
-heartbeat TTL (10 s), so every heartbeat lapses while it is gone. `--redis-outage 120` gives
-the two minutes of a Redis pod rescheduled with its disk re-attached."""
+REDIS_OUTAGE_SECONDS = 120.0
+"""How long the split rehearsal's Redis stays away by default: the two minutes of a Redis pod
+rescheduled with its disk re-attached, twelve times the trainers' heartbeat TTL (10 s), so
+every heartbeat lapses many times over while it is gone."""
 
 
 def split(model_dir: Path, steps: int, trainers: int = 2, root: Path | None = None,
           say: Callable[[str], None] = print,
-          redis_outage: float = REDIS_OUTAGE_SECONDS) -> Rehearsal:
+          redis_outage: float = REDIS_OUTAGE_SECONDS, device: str = "cuda") -> Rehearsal:
     """Redis, two gateways, `trainers` trainers and a sampler pod (worker + vLLM stand-in); the
     loop runs while, one at a time and each after the last has healed: the trainer that owns
     run a is killed mid-step, the vLLM container is killed before a sampling step, the pod of
     the trainer that owns run b is deleted (drained), a gateway is killed, the sampler worker is
-    killed before a sampling step, Redis is killed, and Redis goes away for `redis_outage`
-    seconds mid-step (its pod rescheduled)."""
+    killed before a sampling step, Redis is killed, Redis goes away for `redis_outage`
+    seconds mid-step (its pod rescheduled), and a node holding both gateways and run a's
+    trainer is drained under the disruption budgets. The share starts owned by root and the
+    deployment's share-owner Job gives it to the pods' user first."""
     root = root or new_root()
     started = time.monotonic()
-    cluster = LocalCluster(render("split"), root, _substitutions(model_dir, root, {}), say)
+    cluster = LocalCluster(render("split"), root, _substitutions(model_dir, root, {}, device),
+                           say)
     notes: list[str] = []
     facts: dict[str, Any] = {}
     try:
+        own_share(cluster)
         cluster.scale_up("autoresearch-redis")
         redis_url = f"redis://:{REDIS_PASSWORD}@127.0.0.1:{cluster.proxies['autoresearch-redis'].port}/0"
         pods = [cluster.create_pod("autoresearch-gateway", i) for i in range(2)]
@@ -249,12 +296,20 @@ def split(model_dir: Path, steps: int, trainers: int = 2, root: Path | None = No
                 facts["placed before the outage"] = _placements(records, redis_url)
                 facts["trainer restarts before the outage"] = _trainer_restarts(cluster)
                 cluster.outage("autoresearch-redis-0", redis_outage)
+            elif step == 8:  # a node upgrade: both gateways and run a's trainer on one node
+                facts["placed after the outage"] = _placements(records, redis_url)
+                facts["trainer restarts after the outage"] = _trainer_restarts(cluster)
+                gateways = sorted(n for n, p in cluster.pods.items() if not p.deleted
+                                  and p.workload.name == "autoresearch-gateway")
+                facts["drain"] = cluster.drain(
+                    [*gateways, _trainer_of(cluster, records["a"].model_id, redis_url)])
 
         records = train(url, model, steps, disrupt)
         cluster.event("loop done: " + ", ".join(f"{n} {len(r.losses)} steps"
                                                 for n, r in records.items()))
-        facts["placed after the outage"] = _placements(records, redis_url)
-        facts["trainer restarts after the outage"] = _trainer_restarts(cluster)
+        if "placed after the outage" not in facts:  # a loop too short to reach the drain
+            facts["placed after the outage"] = _placements(records, redis_url)
+            facts["trainer restarts after the outage"] = _trainer_restarts(cluster)
         notes += [f"{k}: {v}" for k, v in facts.items()]
         notes.append("sampled on the sampler workers: " + json.dumps(_sampled(redis_url)))
         notes += _trainer_log_lines(cluster, ("joined", "took over", "saved", "requeued",
@@ -263,6 +318,34 @@ def split(model_dir: Path, steps: int, trainers: int = 2, root: Path | None = No
     except BaseException:
         cluster.close()
         raise
+
+
+def optimizer_steps(cluster: LocalCluster, checkpoint: str) -> set[int]:
+    """The steps each parameter's optimizer state in a saved checkpoint has taken: one per
+    `optim_step` applied to the run, so a step lost or applied twice shows here exactly
+    (whatever the numerics)."""
+    import torch
+
+    from server.storage.checkpoints import CheckpointStore, TinkerPath
+
+    store = CheckpointStore(cluster.root / "volumes" / "autoresearch-data" / "checkpoints")
+    state = torch.load(store.checkpoint_dir(TinkerPath.parse(checkpoint)) / "optimizer.pt",
+                       map_location="cpu", weights_only=False)
+    found: set[int] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key == "step":
+                    found.add(int(item))
+                else:
+                    walk(item)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                walk(item)
+
+    walk(state)
+    return found
 
 
 def _trainer_log_lines(cluster: LocalCluster, needles: tuple[str, ...]) -> list[str]:
@@ -341,6 +424,7 @@ def study_job(model_dir: Path, overlay: str = "study-job", trials: int = 2,
     cluster = LocalCluster(render("single-gpu") + render(overlay), root, subs, say)
     holder["cluster"] = cluster
     try:
+        own_share(cluster)
         cluster.scale_up("autoresearch-server")
         study = cluster.create_pod("autoresearch-study", 0)
         wait_for = time.monotonic() + 300
