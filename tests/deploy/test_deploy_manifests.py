@@ -11,6 +11,7 @@ A test whose tool is missing skips and names the tool.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -641,3 +642,35 @@ def test_the_share_owner_script_parses_and_fills_in_the_volume_the_job_names():
     assert nfs["server"] in text and nfs["path"] in text
     guide = (ROOT / "docs" / "deploy-gke.md").read_text()
     assert "deploy/gke/share-owner/apply.sh" in guide
+
+
+def test_the_share_owner_script_applies_the_job_on_the_bound_filestore_volume(tmp_path):
+    """apply.sh against a kubectl that answers as GKE does for a bound Filestore claim: the
+    Job it applies reaches that instance's address and share, and it waits for the Job."""
+    command = kustomize_command()
+    if command is None:
+        pytest.skip("neither kustomize nor kubectl (which embeds kustomize) is installed")
+    applied, calls = tmp_path / "applied.yaml", tmp_path / "calls.txt"
+    fake = tmp_path / "bin" / "kubectl"
+    fake.parent.mkdir()
+    fake.write_text(f"""#!/usr/bin/env bash
+echo "$*" >> {calls}
+case "$*" in
+  *"get pvc autoresearch-data"*) printf pvc-0123 ;;
+  *"get pv pvc-0123"*volumeAttributes.ip*) printf 10.20.30.40 ;;
+  *"get pv pvc-0123"*volumeAttributes.volume*) printf vol1 ;;
+  kustomize*) exec {" ".join(command)} "$2" ;;
+  "apply -f -") cat > {applied} ;;
+esac
+""")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}:/usr/bin:/bin"}
+    result = subprocess.run(["bash", str(GKE / "share-owner" / "apply.sh")], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    [job] = [d for d in yaml.safe_load_all(applied.read_text()) if d and d["kind"] == "Job"]
+    [volume] = job["spec"]["template"]["spec"]["volumes"]
+    assert volume["nfs"] == {"server": "10.20.30.40", "path": "/vol1"}
+    made = calls.read_text().splitlines()
+    assert any(c.startswith("-n autoresearch-share-owner wait --for=condition=complete")
+               for c in made), made
