@@ -7,6 +7,10 @@ result is stored; a worker that dies leaves them there, and another worker moves
 
 A backend is any object with `sample(jobs: list[SampleJob]) -> list[SampleResult]`: the torch
 `Engine` by default. Each job's `adapter` is a `StoredAdapter`, whose `path` is the snapshot.
+The torch engine decodes a batch together, so the worker gathers a burst and samples it as one;
+a backend that says it `streams` (vLLM, which batches continuously on its own) gets each job
+as it is taken, up to `max_in_flight` at once, and each result is stored when it comes, so no
+job waits for a batch to gather or for the slowest job of its batch.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import logging
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -69,7 +74,7 @@ class SamplerWorker:
                  worker_id: str | None = None, heartbeat_ttl: float = 10.0,
                  max_rows: int = 64, cached_adapters: int = 16,
                  quiet_seconds: float = SAMPLE_QUIET_SECONDS,
-                 gather_seconds: float = SAMPLE_GATHER_SECONDS):
+                 gather_seconds: float = SAMPLE_GATHER_SECONDS, max_in_flight: int = 32):
         self.store = store
         self.keys = store.keys
         self.backend = backend
@@ -91,6 +96,15 @@ class SamplerWorker:
         self._threads: list[threading.Thread | EngineThread] = []
         self._unavailable_since = 0.0
         self._connected_since: float | None = None
+        self.streams = bool(getattr(backend, "streams", False))
+        self.max_in_flight = max_in_flight
+        self._slots = threading.BoundedSemaphore(max_in_flight)
+        self._jobs = (ThreadPoolExecutor(max_in_flight, thread_name_prefix="sampler-job")
+                      if self.streams else None)
+        self._stranded: set[str] = set()
+        """Streamed jobs whose return to the queue failed (Redis away): retried by the loop."""
+        self._stranded_lock = threading.Lock()
+        self._in_flight: set[str] = set()
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> SamplerWorker:
@@ -106,6 +120,8 @@ class SamplerWorker:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=30)
+        if self._jobs is not None:
+            self._jobs.shutdown(wait=True)
         self.store.redis.delete(self.keys.alive("sampler", self.worker_id))
         self.store.redis.srem(self.keys.members("sampler"), self.worker_id)
 
@@ -143,7 +159,10 @@ class SamplerWorker:
                 log.exception("sampling batch failed")
                 self._stop.wait(1.0)
                 try:  # jobs whose taking was lost with Redis go back (results are write-once)
-                    self.reclaim(include_own=True)
+                    if self.streams:
+                        self._requeue_untended()
+                    else:
+                        self.reclaim(include_own=True)
                 except Exception:  # noqa: BLE001 - Redis still away: the next failure retries
                     log.warning("Redis unavailable; jobs stay taken for now")
 
@@ -218,7 +237,10 @@ class SamplerWorker:
                          prompt_logprobs_last_n=spec.get("prompt_logprobs_last_n"))
 
     def run_once(self, block_seconds: float = 0.0) -> int:
-        """Take up to `max_rows` jobs, sample them together, store their results."""
+        """Take up to `max_rows` jobs, sample them together, store their results (a streaming
+        backend: take one job and start it, see `_stream_once`)."""
+        if self.streams:
+            return self._stream_once(block_seconds)
         taken = self._take(block_seconds)
         if not taken:
             return 0
@@ -260,6 +282,81 @@ class SamplerWorker:
         for (job_id, _), result in zip(jobs, results, strict=True):
             self._finish(job_id, encode_result(proto=encode_sample_response(result)))
         self.store.redis.hincrby(self.keys.stats, f"sampled:{self.worker_id}", len(jobs))
+
+    # ------------------------------------------------------------ streaming
+    def _stream_once(self, block_seconds: float) -> int:
+        """Wait for a free slot, take one job and start it on the job pool; 1 if one started."""
+        self._requeue_stranded()
+        if not self._slots.acquire(timeout=max(block_seconds, 0.0)):
+            return 0
+        started = False
+        try:
+            redis = self.store.redis
+            taken = redis.lmove(self.keys.samples, self.processing, "RIGHT", "LEFT")
+            if taken is None and block_seconds > 0:
+                taken = redis.blmove(self.keys.samples, self.processing, block_seconds,
+                                     "RIGHT", "LEFT")
+            if taken is None:
+                return 0
+            job_id = taken.decode()
+            raw = redis.get(self.keys.sample(job_id))
+            if raw is None:  # already done by a worker that died before acknowledging
+                self._ack(job_id)
+                return 1
+            try:
+                job = self._job(json.loads(raw))
+            except Exception as exc:  # noqa: BLE001 - e.g. a snapshot that was deleted
+                self._finish(job_id, encode_result(error=f"could not load job: {exc}",
+                                                   category="server"))
+                return 1
+            with self._stranded_lock:
+                self._in_flight.add(job_id)
+            self._jobs.submit(self._stream_job, job_id, job)  # type: ignore[union-attr]
+            started = True
+            return 1
+        finally:
+            if not started:
+                self._slots.release()
+
+    def _stream_job(self, job_id: str, job: SampleJob) -> None:
+        """One streamed job to its stored result; if the backend is unavailable (vLLM
+        restarting) or Redis fails, the job goes back to the front of the queue."""
+        try:
+            self._sample([(job_id, job)])
+        except Exception as exc:  # noqa: BLE001 - the job is retried, never lost
+            if not _unavailable(exc):
+                log.exception("sampling %s failed; it goes back to the queue", job_id)
+            self._requeue(job_id)
+            self._stop.wait(1.0)  # the backend is away: do not spin on the queue
+        finally:
+            with self._stranded_lock:
+                self._in_flight.discard(job_id)
+            self._slots.release()
+
+    def _requeue(self, job_id: str) -> None:
+        try:
+            pipe = self.store.redis.pipeline(transaction=True)
+            pipe.lrem(self.processing, 0, job_id)
+            pipe.rpush(self.keys.samples, job_id)  # taken from the right: next in line
+            pipe.execute()
+        except Exception:  # noqa: BLE001 - Redis away: the loop retries
+            with self._stranded_lock:
+                self._stranded.add(job_id)
+
+    def _requeue_untended(self) -> None:
+        """This worker's taken jobs that no job thread holds (a taking whose reply was lost
+        with Redis) go back to the queue; jobs in flight stay."""
+        with self._stranded_lock:
+            in_flight = set(self._in_flight)
+        for raw in self.store.redis.lrange(self.processing, 0, -1):
+            if raw.decode() not in in_flight:
+                self._requeue(raw.decode())
+
+    def _requeue_stranded(self) -> None:
+        with self._stranded_lock:
+            stranded, self._stranded = self._stranded, set()
+        for job_id in stranded:
+            self._requeue(job_id)
 
     def _finish(self, job_id: str, value: bytes) -> None:
         self.store.publish_once(self.keys.result(job_id), value, int(RESULT_TTL_SECONDS))

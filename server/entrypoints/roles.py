@@ -53,7 +53,10 @@ def role_parser(role: str) -> argparse.ArgumentParser:
                            help="writable directory, seen by vLLM at the same path, where "
                            "adapters are published (<root>/adapters; default: --data-dir)")
         group.add_argument("--max-rows", type=int, default=64,
-                           help="most samples decoded together in one batch")
+                           help="most samples decoded together in one batch (torch)")
+        group.add_argument("--max-in-flight", type=int, default=32,
+                           help="most jobs sent to vLLM at once; each is sent as it is taken "
+                           "and answered as it finishes (vllm)")
     return parser
 
 
@@ -142,7 +145,8 @@ def run_sampler(args: argparse.Namespace) -> None:
     backend, device = _backend(args, config, FallbackLog(metrics.count_fallback))
     store = Store(connect(args.redis_url), Keys(args.redis_prefix))
     worker = SamplerWorker(store, backend, device, _worker_id("sampler", args),
-                           args.heartbeat_ttl, max_rows=args.max_rows).start()
+                           args.heartbeat_ttl, max_rows=args.max_rows,
+                           max_in_flight=args.max_in_flight).start()
     app = health_app("autoresearch sampler", worker.readiness, metrics.render)
     try:
         uvicorn.run(

@@ -91,6 +91,10 @@ be loaded is never pruned; older ones are written again if asked for."""
 class VLLMSampler:
     """Samples `SampleJob`s on a vLLM server; see the module docstring."""
 
+    streams = True
+    """Each job is its own request, which vLLM batches continuously with whatever else is in
+    flight: a caller may send jobs one at a time as they come (the sampler worker does)."""
+
     def __init__(
         self,
         client: OpenAICompatClient,
