@@ -375,9 +375,7 @@ class LocalCluster:
 
     # ---------------------------------------------------------------- services
     def _backends(self, service: Service) -> list[int]:
-        with self._lock:
-            pods = [p for p in self.pods.values() if not p.deleted and all(
-                p.workload.labels.get(k) == v for k, v in service.selector.items())]
+        pods = self._selected(service.selector)
         target = next(iter(service.ports.values()), None)
         ports = []
         for pod in pods:
@@ -692,8 +690,8 @@ class LocalCluster:
     # ---------------------------------------------------------------- drains
     def _selected(self, selector: dict[str, str]) -> list[Pod]:
         with self._lock:
-            return [p for p in self.pods.values() if not p.deleted
-                    and all(p.workload.labels.get(k) == v for k, v in selector.items())]
+            return [p for p in self.pods.values()
+                    if not p.deleted and p.workload.selected_by(selector)]
 
     def ready(self, pod: Pod) -> bool:
         """Every container runs and passes its readiness probe (what a budget counts)."""
@@ -707,7 +705,7 @@ class LocalCluster:
     def refusing_budget(self, pod: Pod) -> tuple[Budget, int] | None:
         """The budget (and its healthy count) that refuses evicting `pod` now, if any."""
         for budget in self.budgets:
-            if not all(pod.workload.labels.get(k) == v for k, v in budget.selector.items()):
+            if not pod.workload.selected_by(budget.selector):
                 continue
             selected = self._selected(budget.selector)
             healthy = sum(self.ready(p) for p in selected)
@@ -725,9 +723,8 @@ class LocalCluster:
         started = time.monotonic()
         pending = list(pod_names)
         refusals: dict[str, int] = {}
-        concerned = [b for b in self.budgets if any(
-            all(self.pods[n].workload.labels.get(k) == v for k, v in b.selector.items())
-            for n in pod_names)]
+        concerned = [b for b in self.budgets
+                     if any(self.pods[n].workload.selected_by(b.selector) for n in pod_names)]
         fewest = {b.name: len(self._selected(b.selector)) for b in concerned}
         replacements: list[Pod] = []
         watching = threading.Event()

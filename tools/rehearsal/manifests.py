@@ -169,6 +169,10 @@ class Workload:
     def labels(self) -> dict[str, str]:
         return self.template.get("metadata", {}).get("labels", {})
 
+    def selected_by(self, selector: dict[str, str]) -> bool:
+        """Whether a label selector (a Service's, a budget's) selects this workload's pods."""
+        return all(self.labels.get(k) == v for k, v in selector.items())
+
     @property
     def volumes(self) -> dict[str, dict[str, Any]]:
         return {v["name"]: v for v in self.template["spec"].get("volumes", [])}
