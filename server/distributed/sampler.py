@@ -236,6 +236,20 @@ class SamplerWorker:
                          # A payload queued by a gateway from before the field scores it all.
                          prompt_logprobs_last_n=spec.get("prompt_logprobs_last_n"))
 
+    def _load(self, job_id: str, raw: bytes | None) -> SampleJob | None:
+        """A taken job's spec as a job; None when there is nothing to sample (already done by
+        a worker that died before acknowledging: acknowledged now; a spec that cannot load,
+        such as a deleted snapshot: answered with the error)."""
+        if raw is None:
+            self._ack(job_id)
+            return None
+        try:
+            return self._job(json.loads(raw))
+        except Exception as exc:  # noqa: BLE001 - the error is this job's answer
+            self._finish(job_id, encode_result(error=f"could not load job: {exc}",
+                                               category="server"))
+            return None
+
     def run_once(self, block_seconds: float = 0.0) -> int:
         """Take up to `max_rows` jobs, sample them together, store their results (a streaming
         backend: take one job and start it, see `_stream_once`)."""
@@ -245,16 +259,8 @@ class SamplerWorker:
         if not taken:
             return 0
         raws = self.store.redis.mget([self.keys.sample(job_id) for job_id in taken])
-        jobs: list[tuple[str, SampleJob]] = []
-        for job_id, raw in zip(taken, raws, strict=True):
-            if raw is None:  # already done by a worker that died before acknowledging
-                self._ack(job_id)
-                continue
-            try:
-                jobs.append((job_id, self._job(json.loads(raw))))
-            except Exception as exc:  # noqa: BLE001 - e.g. a snapshot that was deleted
-                self._finish(job_id, encode_result(error=f"could not load job: {exc}",
-                                                   category="server"))
+        jobs = [(job_id, job) for job_id, raw in zip(taken, raws, strict=True)
+                if (job := self._load(job_id, raw)) is not None]
         self._sample(jobs)
         return len(taken)
 
@@ -299,15 +305,8 @@ class SamplerWorker:
             if taken is None:
                 return 0
             job_id = taken.decode()
-            raw = redis.get(self.keys.sample(job_id))
-            if raw is None:  # already done by a worker that died before acknowledging
-                self._ack(job_id)
-                return 1
-            try:
-                job = self._job(json.loads(raw))
-            except Exception as exc:  # noqa: BLE001 - e.g. a snapshot that was deleted
-                self._finish(job_id, encode_result(error=f"could not load job: {exc}",
-                                                   category="server"))
+            job = self._load(job_id, redis.get(self.keys.sample(job_id)))
+            if job is None:
                 return 1
             with self._stranded_lock:
                 self._in_flight.add(job_id)
