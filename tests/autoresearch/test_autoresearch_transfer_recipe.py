@@ -145,3 +145,39 @@ def test_a_run_trained_alone_is_scored_afterwards_on_the_tasks_asked_for(sql_mod
         for label in ("base model", "after SFT", "after SFT + RL"):
             assert f"| {split} | {label} | {n} |" in full.stdout
         assert f"{split}/final-base: " in full.stdout
+
+
+def test_rl_runs_forked_from_a_finished_sft_are_scored_against_it(sql_model_dir, tmp_path):
+    """`bench_rl_over_sft` trains one RL run per seed from a finished run's SFT checkpoint, side
+    by side, scores each and the SFT on the same tasks, and reports the runs' differences; the
+    source's own seed repeats the source's first RL step bit for bit beside the others."""
+    out = tmp_path / "run"
+    env = {**os.environ, "TINKER_TELEMETRY": "0", "AUTORESEARCH_API_KEYS": "",
+           "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'datasets'}"}
+    device = ["--model", str(sql_model_dir), "--device", "cpu"]
+    trained = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_transfer_learning.py"), "--quick",
+         "--train-only", *device, "--tokenizer", str(sql_model_dir), "--rank", "4",
+         "--max-tokens", "12", "--sample-rows", "1", "--max-schema-chars", "600",
+         "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    forked = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_rl_over_sft.py"), "--from", str(out),
+         "--seeds", "2", "--dev-tasks", "3", "--test-tasks", "2", "--transfer-tasks", "2",
+         *device],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert forked.returncode == 0, forked.stderr[-3000:]
+    summary = json.loads((out / "rl-over-sft" / "summary.json").read_text())
+    assert summary["bits"].startswith("first RL step equal to the source's"), summary["bits"]
+    numbers = summary["numbers"]
+    assert {s: numbers[s]["n"] for s in ("dev", "test", "transfer")} == {
+        "dev": 3, "test": 2, "transfer": 2}
+    assert set(numbers["dev"]["runs"]) == {"rl-seed0", "rl-seed1"}
+    difference = numbers["dev"]["difference"]["value"]
+    runs = numbers["dev"]["runs"].values()
+    assert abs(difference - (sum(runs) / 2 - numbers["dev"]["sft"])) < 1e-9
+    assert numbers["rl"]["rl-seed1"]["steps"] == 1
+    sft_record = TrialRecord(out / "rl-over-sft" / "sft")
+    assert [e for e in sft_record.of_type("step") if e.get("phase") == "rl"] == []
+    assert "| dev | 3 |" in forked.stdout and "| rl-seed1 | 1 |" in forked.stdout
