@@ -142,5 +142,38 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return config
 
 
+def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
+    """The single process's sampler: vLLM beside the engine on CUDA, or the engine itself."""
+    group = parser.add_argument_group("sampling (the single process)")
+    group.add_argument(
+        "--sampler",
+        choices=("auto", "vllm", "torch"),
+        default="auto",
+        help="auto: vLLM beside the engine on CUDA when it can start (else the engine); vllm: "
+        "always try it; torch: the engine samples (bit-equal to training where invariant)",
+    )
+    group.add_argument("--vllm-url", default=None,
+                       help="sample on this running vLLM instead of starting one")
+    group.add_argument("--vllm-executable", default="vllm",
+                       help="the command that starts vLLM")
+    group.add_argument("--vllm-port", type=int, default=0, help="0: a free port")
+    group.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3,
+                       help="vLLM's share of the GPU's memory; the engine trains in the rest")
+    group.add_argument("--vllm-max-lora-rank", type=int, default=64,
+                       help="runs of a higher rank sample on the engine (8-512, vLLM's steps)")
+    group.add_argument("--vllm-max-loras", type=int, default=8,
+                       help="adapters vLLM holds on the GPU at once")
+
+
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
-    return config_from_args(build_parser().parse_args(argv))
+    from server.samplers.colocated import VLLMOptions
+
+    parser = build_parser()
+    add_sampling_flags(parser)
+    args = parser.parse_args(argv)
+    config = config_from_args(args)
+    config.sampling = VLLMOptions(
+        sampler=args.sampler, url=args.vllm_url, executable=args.vllm_executable,
+        port=args.vllm_port, gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        max_lora_rank=args.vllm_max_lora_rank, max_loras=args.vllm_max_loras)
+    return config

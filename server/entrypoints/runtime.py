@@ -26,6 +26,7 @@ from server.engine.model_loading import (
     load_base_model,
 )
 from server.protocol.futures import FutureStore
+from server.samplers.colocated import VLLMOptions, start_beside
 from server.service.service import Limits, TrainingService
 from server.storage.checkpoints import CheckpointStore
 
@@ -53,6 +54,10 @@ class ServerConfig:
     served under its Hub id, which is what clients load the tokenizer by."""
     max_context: int | None = None
     limits: Limits = field(default_factory=Limits)
+    sampling: VLLMOptions = field(default_factory=lambda: VLLMOptions(sampler="torch"))
+    """The single process's sampler (`server.samplers.colocated`); the command line's default
+    is `auto` (vLLM beside the engine on CUDA), a `ServerConfig` built in code samples on the
+    engine unless it asks."""
 
 
 def build_service(config: ServerConfig) -> tuple[TrainingService, KeyRing]:
@@ -98,10 +103,22 @@ def tokenizer_id_of(config: ServerConfig) -> str | None:
     return config.tokenizer_id
 
 
+def attach_sampler(service: TrainingService, config: ServerConfig) -> None:
+    """vLLM beside the engine where `config.sampling` asks for it and it starts; else the
+    engine samples (the reason logged). The single process only: a trainer role has no
+    sampler."""
+    model = config.model or str(embedded_cache_path())
+    beside = start_beside(service.engine, config.sampling, model, config.data_dir,
+                          service.metrics)
+    if beside is not None:
+        service.attach_vllm(beside)
+
+
 def build_app(config: ServerConfig):
     from server.api.app import create_app
 
     service, keys = build_service(config)
+    attach_sampler(service, config)
     return create_app(service, keys)
 
 
@@ -153,7 +170,7 @@ class ServerThread:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=30)
-        self.service.scheduler.stop()
+        self.service.close()
 
     def __enter__(self) -> ServerThread:
         return self.start()
@@ -164,9 +181,12 @@ class ServerThread:
 
 def serve(config: ServerConfig) -> None:
     app = build_app(config)
-    uvicorn.run(
-        app, host=config.host, port=config.port, log_level="info", http=HeaderTimeoutProtocol
-    )
+    try:
+        uvicorn.run(
+            app, host=config.host, port=config.port, log_level="info", http=HeaderTimeoutProtocol
+        )
+    finally:
+        app.state.service.close()
 
 
 __all__ = ["ServerConfig", "ServerThread", "build_app", "serve", "Path"]

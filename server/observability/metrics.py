@@ -122,25 +122,45 @@ class ServerMetrics:
             ["reason"],
             registry=r,
         )
+        self.sample_requests = Counter(
+            "autoresearch_sample_requests",
+            "Sample requests answered, by the backend that sampled them (torch engine or vLLM)",
+            ["backend"],
+            registry=r,
+        )
+        self.sampler_fallbacks = Counter(
+            "autoresearch_sampler_fallbacks",
+            "Sampling requests served by the torch engine instead of vLLM, by reason",
+            ["reason"],
+            registry=r,
+        )
         # Labelled series exist only once touched: create the known ones at zero, so a scrape
         # (and a rate() over it) sees every documented series before the first event.
         for reason in ("max_runs", "queued_tokens"):
             self.rejections.labels(reason)
+        for backend in ("torch", "vllm"):
+            self.sample_requests.labels(backend)
         for kind in ("train", "sample"):
             self.tokens.labels(kind)
         self.duty = DutyCycle()
+        self._events_lock = threading.Lock()
         self._token_events: dict[str, collections.deque[tuple[float, int]]] = {
             "train": collections.deque(),
             "sample": collections.deque(),
         }
 
+    def count_fallback(self, reason: str, requests: int) -> None:
+        self.sampler_fallbacks.labels(reason).inc(requests)
+
     def record_tokens(self, kind: str, count: int) -> None:
+        """Called by the engine thread and, with vLLM beside it, by request threads."""
         self.tokens.labels(kind).inc(count)
         events = self._token_events[kind]
         now = time.monotonic()
-        events.append((now, count))
-        while events and events[0][0] < now - 60:
-            events.popleft()
+        with self._events_lock:
+            events.append((now, count))
+            while events and events[0][0] < now - 60:
+                events.popleft()
 
     def recent_tokens(self, seconds: float = 60.0) -> int:
         """Tokens processed (trained and sampled) over the last `seconds`."""

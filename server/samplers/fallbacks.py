@@ -17,9 +17,34 @@ log = logging.getLogger(__name__)
 
 UNSERVABLE = "unservable_modules"
 """The adapter trains modules vLLM cannot apply for this model (for Gemma: `lm_head`)."""
+RANK_OVER_LIMIT = "rank_over_limit"
+"""The adapter's rank is above the `--max-lora-rank` vLLM was started with."""
 UNAVAILABLE = "vllm_unavailable"
 """No usable vLLM server: every request goes to the torch sampler."""
-REASONS = (UNSERVABLE, UNAVAILABLE)
+REASONS = (UNSERVABLE, RANK_OVER_LIMIT, UNAVAILABLE)
+
+
+def unservable_reason(rank: int, modules: Iterable[str], servable: Iterable[str],
+                      max_rank: int | None) -> str | None:
+    """Why vLLM cannot sample an adapter of this rank training these modules (their last
+    names: `q_proj`, `lm_head`), or None when it can."""
+    if set(modules) - set(servable):
+        return UNSERVABLE
+    if max_rank is not None and rank > max_rank:
+        return RANK_OVER_LIMIT
+    return None
+
+
+def explain(reason: str, rank: int, modules: Iterable[str], servable: Iterable[str],
+            max_rank: int | None) -> str:
+    """The sentence a log line gives for `reason`: what the run trains and what to change."""
+    if reason == RANK_OVER_LIMIT:
+        return (f"its rank {rank} is above the {max_rank} vLLM was started with "
+                f"(--vllm-max-lora-rank); create the run with rank <= {max_rank}, or start the "
+                f"server with a larger --vllm-max-lora-rank")
+    extra = sorted(set(modules) - set(servable))
+    return (f"it trains {extra}, which vLLM cannot serve for this model (it serves LoRA on "
+            f"{sorted(servable)}); create the run with train_unembed=False to sample it on vLLM")
 
 
 class FallbackLog:
@@ -34,27 +59,31 @@ class FallbackLog:
         self._remember = remember
         self._seen: collections.OrderedDict[int, None] = collections.OrderedDict()
 
-    def unservable(self, jobs: Iterable[SampleJob], servable: Iterable[str]) -> None:
-        jobs = list(jobs)
-        servable = sorted(servable)
+    def unservable(self, jobs: Iterable[SampleJob], servable: Iterable[str],
+                   max_rank: int | None = None) -> None:
+        """Jobs whose adapters vLLM cannot sample (`unservable_reason`), sent to the torch
+        sampler: each adapter's reason logged once, every job counted by its reason."""
+        counts: collections.Counter[str] = collections.Counter()
         for job in jobs:
             adapter = job.adapter
-            if adapter is None or id(adapter) in self._seen:
+            if adapter is None:
+                continue
+            modules = {n.rsplit(".", 1)[-1] for n in adapter.a}
+            reason = unservable_reason(adapter.spec.rank, modules, servable, max_rank)
+            if reason is None:
+                continue
+            counts[reason] += 1
+            if id(adapter) in self._seen:
                 continue
             self._seen[id(adapter)] = None
             while len(self._seen) > self._remember:
                 self._seen.popitem(last=False)
-            extra = sorted({n.rsplit(".", 1)[-1] for n in adapter.a} - set(servable))
-            log.warning(
-                "sampling a rank-%d adapter on the torch sampler, not vLLM: it trains %s, which "
-                "vLLM cannot serve for this model (it serves LoRA on %s); create the run with "
-                "train_unembed=False to sample it on vLLM",
-                adapter.spec.rank,
-                extra,
-                servable,
-            )
-        if jobs and self._count is not None:
-            self._count(UNSERVABLE, len(jobs))
+            log.warning("sampling a rank-%d adapter on the torch sampler, not vLLM: %s",
+                        adapter.spec.rank,
+                        explain(reason, adapter.spec.rank, modules, servable, max_rank))
+        if self._count is not None:
+            for reason, n in counts.items():
+                self._count(reason, n)
 
     def unavailable(self, reason: str) -> None:
         log.warning("vLLM sampling unavailable (%s); falling back to the torch sampler", reason)

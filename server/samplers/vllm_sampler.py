@@ -49,7 +49,7 @@ from server.samplers.completions import (
     prompt_logprobs_body,
     wants_prompt_logprobs,
 )
-from server.samplers.fallbacks import FallbackLog
+from server.samplers.fallbacks import FallbackLog, explain, unservable_reason
 from server.samplers.openai_http import (
     OpenAICompatClient,
     VLLMError,
@@ -108,8 +108,11 @@ class VLLMSampler:
         servable_modules: Iterable[str] = SERVABLE_MODULES,
         strict_logprobs: bool = True,
         fallbacks: FallbackLog | None = None,
+        max_lora_rank: int | None = None,
     ):
         self.client, self.adapter_root, self.model = client, Path(adapter_root), model
+        self.max_lora_rank = max_lora_rank
+        """The `--max-lora-rank` vLLM was started with; adapters above it go to the fallback."""
         self.fallbacks = fallbacks or FallbackLog()
         self.publisher: AdapterPublisher | None = None
         self.eos_token_ids = set(eos_token_ids) if eos_token_ids is not None else None
@@ -211,7 +214,8 @@ class VLLMSampler:
                 futures[i] = self._pool.submit(self._sample_job, jobs[i], target)
         if local:
             if self.fallback is not None:
-                self.fallbacks.unservable([jobs[i] for i in local], self.servable_modules)
+                self.fallbacks.unservable([jobs[i] for i in local], self.servable_modules,
+                                          self.max_lora_rank)
             for i, outcome in zip(local, self._sample_locally([jobs[i] for i in local]),
                                   strict=True):
                 outcomes[i] = outcome
@@ -225,10 +229,22 @@ class VLLMSampler:
         return outcomes  # type: ignore[return-value]
 
     def _servable(self, job: SampleJob) -> bool:
+        return self.unservable_reason(job) is None
+
+    def unservable_reason(self, job: SampleJob) -> str | None:
+        """Why vLLM cannot sample this job's adapter (`fallbacks.REASONS`), or None."""
         if job.adapter is None:
-            return True
-        targets = {name.rsplit(".", 1)[-1] for name in job.adapter.a}
-        return targets <= self.servable_modules
+            return None
+        modules = {name.rsplit(".", 1)[-1] for name in job.adapter.a}
+        return unservable_reason(job.adapter.spec.rank, modules, self.servable_modules,
+                                 self.max_lora_rank)
+
+    def why_not(self, rank: int, modules: set[str]) -> str | None:
+        """For a run being created: the sentence saying why its samples will not come from
+        vLLM, or None when they will."""
+        reason = unservable_reason(rank, modules, self.servable_modules, self.max_lora_rank)
+        return None if reason is None else explain(reason, rank, modules,
+                                                   self.servable_modules, self.max_lora_rank)
 
     def _publish(self, adapters: dict) -> dict[int, PublishedAdapter | BaseException]:
         published: dict[int, PublishedAdapter | BaseException] = {}
@@ -244,16 +260,22 @@ class VLLMSampler:
 
     def _sample_locally(self, jobs: list[SampleJob]) -> list[SampleResult | BaseException]:
         if self.fallback is None:
-            error = VLLMError("the adapter trains modules vLLM cannot serve for this model "
-                              f"(it serves LoRA on {sorted(self.servable_modules)}); create the "
-                              "run with train_unembed=False, or give the sampler a fallback")
-            return [error] * len(jobs)
+            return [VLLMError(self._refusal(job)) for job in jobs]
         try:
             return list(self.fallback.sample(jobs))
         except Exception as exc:  # noqa: BLE001
             if len(jobs) == 1:
                 return [exc]
             return [self._sample_locally([job])[0] for job in jobs]
+
+    def _refusal(self, job: SampleJob) -> str:
+        adapter = job.adapter
+        assert adapter is not None
+        modules = {name.rsplit(".", 1)[-1] for name in adapter.a}
+        reason = self.unservable_reason(job) or ""
+        return ("vLLM cannot sample this adapter and there is no torch sampler to fall back on: "
+                + explain(reason, adapter.spec.rank, modules, self.servable_modules,
+                          self.max_lora_rank))
 
     def _check_semantics(self, job: SampleJob) -> None:
         p = job.params

@@ -491,5 +491,6 @@ class Scheduler:
         if kind == "sample":
             generated = sum(len(seq.tokens) for r in results for seq in r.sequences)
             self.metrics.record_tokens("sample", generated)
+            self.metrics.sample_requests.labels("torch").inc(len(batch))
         for work, result in zip(batch, results):
             work.done(result, None)

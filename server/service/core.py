@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from server.engine.engine import Engine, RunState, UserError
 from server.engine.lora import AdapterWeights
@@ -27,6 +27,9 @@ from server.storage.checkpoints import CheckpointError, CheckpointStore, TinkerP
 from server.storage.residency import Residency
 from server.storage.sampler_cache import SamplerCache
 from server.storage.weight_export import UrlSigner
+
+if TYPE_CHECKING:
+    from server.samplers.colocated import VLLMBeside
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +94,8 @@ class ServiceCore:
         self.policy = self.limits.lifecycle
         self.snapshots = SnapshotLedger(self.policy.snapshots_per_run)
         self.adapters = AdapterCache()
+        self.vllm: VLLMBeside | None = None
+        """vLLM beside the engine (`attach_vllm`): where servable sample requests go."""
         self._last_sweep = time.monotonic()
 
     def _session(self, owner: str, session_id: str) -> Session:
@@ -159,9 +164,29 @@ class ServiceCore:
         """Whether the key may have `run_id` too: here, its runs in this process."""
         return sum(r.owner == owner for r in self.runs.values()) < limit
 
+    def attach_vllm(self, beside: VLLMBeside) -> None:
+        """Sample on vLLM from now on, wherever it can serve the adapter: sampler and trainer
+        then no longer share numerics."""
+        self.vllm = beside
+        self.sampler_is_engine = False
+
+    def sampling_backend(self) -> str:
+        """Where samples come from: `vllm` beside the engine, the `torch` engine itself, or
+        a split deployment's sampler `workers`."""
+        if self.vllm is not None:
+            return "vllm"
+        return "torch" if self.sampler_is_engine else "workers"
+
+    def close(self) -> None:
+        """Stop the engine's loop and vLLM beside it, if any."""
+        self.scheduler.stop()
+        if self.vllm is not None:
+            self.vllm.close()
+
     def _queued_for_key(self, owner: str) -> int:
-        """Tokens the key has queued: here, in this process's scheduler."""
-        return self.scheduler.queued_tokens(owner)
+        """Tokens the key has queued: here, in this process's scheduler and sent to vLLM."""
+        queued = self.scheduler.queued_tokens(owner)
+        return queued + (self.vllm.queued_tokens(owner) if self.vllm is not None else 0)
 
     def _check_backlog(self, owner: str, tokens: int) -> None:
         limit = self.limits.max_queued_tokens_per_key

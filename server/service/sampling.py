@@ -131,16 +131,16 @@ class SamplingRequests(ServiceCore):
         done = self._complete(record, to_proto=encode_sample_response)
         if recording:
             done = self._recording(done, owner, body["sampling_session_id"], len(tokens), ids)
-        self.scheduler.submit_sample(
-            Work(
-                None,
-                "sample",
-                done,
-                sample=job,
-                tokens=(len(tokens) + Engine._max_new(job)) * num,
-                owner=owner,
-            )
+        work = Work(
+            None,
+            "sample",
+            done,
+            sample=job,
+            tokens=(len(tokens) + Engine._max_new(job)) * num,
+            owner=owner,
         )
+        if self.vllm is None or not self.vllm.take(work, self.scheduler.submit_sample):
+            self.scheduler.submit_sample(work)
         return record, ids
 
     def _recording(self, done, owner: str, sampler_id: str, prompt_length: int, ids: list[str]):

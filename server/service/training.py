@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,8 @@ from server.service.records import Run
 from server.service.request_fields import flag, integer, metadata, optional_integer
 from server.service.sampling_records import session_of
 
+log = logging.getLogger(__name__)
+
 
 class TrainingRequests(RunOrdering):
     """Training runs: created, described, trained (forward, forward_backward, optim_step)
@@ -49,6 +52,7 @@ class TrainingRequests(RunOrdering):
         if run_id in self.runs:
             raise UserError(f"model_seq_id {body['model_seq_id']} was already used in this session")
         self._check_run_quota(owner, run_id)
+        self._say_where_it_samples(run_id, spec)
         run = Run(run_id, owner, self.base_model, spec, metadata(body.get("user_metadata")),
                   optimizer=optimizer)
         self.runs[run_id] = run
@@ -67,6 +71,16 @@ class TrainingRequests(RunOrdering):
         record = self.futures.create(owner, "create_model")
         self.scheduler.submit_control(make(record))
         return record
+
+    def _say_where_it_samples(self, run_id: str, spec: LoraSpec) -> None:
+        """With vLLM beside the engine, a run whose adapter vLLM cannot serve is told apart at
+        creation (its rank against vLLM's limit, its modules), not at its first sample."""
+        if self.vllm is None:
+            return
+        modules = set(spec.module_suffixes())
+        why = self.vllm.why_not(spec.rank, modules)
+        if why is not None:
+            log.warning("run %s will sample on the torch engine, not vLLM: %s", run_id, why)
 
     def get_info(self, owner: str, model_id: str) -> dict[str, Any]:
         run = self._run(owner, model_id)
@@ -99,6 +113,7 @@ class TrainingRequests(RunOrdering):
             "emulated": engine.layout.emulated,
             "batch_invariant": invariant,
             "sampler_trainer_bitwise": invariant and self.sampler_is_engine,
+            "sampling_backend": self.sampling_backend(),
             "deterministic": invariant or engine.deterministic,
             "threads": torch.get_num_threads(),
         }
