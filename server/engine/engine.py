@@ -11,13 +11,14 @@ happens in the engine too, because only the engine knows the vocabulary and the 
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import threading
 
 import numpy as np
 import torch
 
-from server.engine import decoding, packed_attention, prefix_sharing
+from server.engine import decoding, kv_budget, microbatch_budget, packed_attention, prefix_sharing
 from server.engine.devices import layout_for
 from server.engine.dimuon import OPTIMIZER_TYPES, Dimuon, optimizer_type
 from server.engine.engine_thread import EngineThread
@@ -45,6 +46,7 @@ from server.engine.training import (
     Training,
     _all_finite,
 )
+from server.protocol.codec import Datum
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -66,6 +68,7 @@ SHARE_PREFIXES_ENV = "AUTORESEARCH_SHARE_PREFIXES"
 DEVICE_SAMPLING_ENV = "AUTORESEARCH_DEVICE_SAMPLING"
 BATCH_INVARIANT_ENV = "AUTORESEARCH_BATCH_INVARIANT"
 MICROBATCH_ENV = "AUTORESEARCH_TOKENS_PER_MICROBATCH"
+log = logging.getLogger(__name__)
 
 
 class Engine(Training, PackedTraining, Sampling, HeadScoring):
@@ -110,11 +113,17 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self.stats = EngineStats()
         self.lock = threading.Lock()
-        self.tokens_per_microbatch = int(os.environ.get(MICROBATCH_ENV, 0)) or (
+        override = int(os.environ.get(MICROBATCH_ENV, 0))
+        self.tokens_per_microbatch = override or (
             TOKENS_PER_MICROBATCH.get(torch.device(self.device).type,
                                       DEFAULT_TOKENS_PER_MICROBATCH))
         """Padded tokens per training micro-batch: what sets the activations kept for backward
-        (`AUTORESEARCH_TOKENS_PER_MICROBATCH` overrides the device's default)."""
+        (`AUTORESEARCH_TOKENS_PER_MICROBATCH` overrides the device's default; on an
+        accelerator, sized from free memory at the first training request:
+        `size_microbatches`)."""
+        self.microbatch_sizing = "override" if override else "fixed"
+        """How `tokens_per_microbatch` was chosen: `override`, `fixed` (the device's default),
+        or `free memory` once `size_microbatches` has run."""
         if share_prefixes is None:
             share_prefixes = os.environ.get(SHARE_PREFIXES_ENV, "1") != "0"
         self.share_prefixes = share_prefixes
@@ -175,6 +184,40 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
         attention. Needs the packed attention hook
         (Gemma 3's layer types); other models run fused."""
 
+    def size_microbatches(self) -> None:
+        """On CUDA and MPS (their layouts, emulated too), before the first training pass: size
+        micro-batches from what a token's activations cost here and the memory free now
+        (`microbatch_budget`). Kept fixed where bits must repeat across starts (deterministic
+        or invariant) or a size was given."""
+        if (self.microbatch_sizing != "fixed" or self.layout.kind == "cpu"
+                or self.deterministic or self.batch_invariant):
+            return
+        self.microbatch_sizing = "free memory"  # first: the probe passes below train too
+        per_token = microbatch_budget.saved_bytes_per_token(self._probe_saved_bytes)
+        free = kv_budget.free_bytes(torch.device(self.device))
+        self.tokens_per_microbatch = microbatch_budget.microbatch_tokens(per_token, free)
+        log.info("training micro-batches of %d tokens: %.0f KiB saved per token, %.1f GiB free",
+                 self.tokens_per_microbatch, per_token / 1024, free / 2**30)
+
+    def _probe_saved_bytes(self, tokens: int) -> int:
+        """Bytes a training pass of `tokens` tokens saves for backward, on a throwaway adapter
+        of rank 32 on every module a run may train (each storage counted once)."""
+        state = self.create_run(LoraSpec(rank=32, train_unembed=False), seed=0)
+        ids = np.arange(tokens + 1, dtype=np.int64) % max(2, self.vocab_size - 1) + 1
+        datum = Datum(ids[:-1], {"target_tokens": ids[1:],
+                                 "weights": np.ones(tokens, np.float32)})
+        storages: dict[int, int] = {}
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            self.forward_backward([ForwardBackwardJob(state, [datum], "cross_entropy", {},
+                                                      False)])
+        return sum(storages.values())
+
     @property
     def invariance_guaranteed(self) -> bool:
         """A run's numbers do not depend on what shares its batches, and the sampler's logprobs
@@ -211,8 +254,16 @@ class Engine(Training, PackedTraining, Sampling, HeadScoring):
         if kind != "adamw":
             raise UserError(f"optimizer type must be one of {OPTIMIZER_TYPES}, got {kind!r}")
         return torch.optim.AdamW(
-            adapter.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0
+            adapter.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0,
+            fused=self.fused_optimizer or None,
         )
+
+    @property
+    def fused_optimizer(self) -> bool:
+        """AdamW as one fused kernel over every tensor of a run (CUDA's layout, emulated or
+        not): a few launches per step instead of several per LoRA matrix. The CPU's own layout
+        keeps the per-tensor update its bitwise references were measured with."""
+        return self.layout.kind == "cuda"
 
     def restore_run(self, adapter: AdapterWeights, optimizer_state: dict | None,
                     optimizer: str = "adamw") -> RunState:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import TypeVar
 
 import numpy as np
@@ -32,7 +33,8 @@ from server.engine.loss_positions import loss_positions
 T = TypeVar("T")
 
 TOKENS_PER_MICROBATCH = {"cpu": 2048}
-"""Padded tokens per training micro-batch, by device type (default 8192). Activations kept for
+"""Padded tokens per training micro-batch, by device type (default 8192, which an accelerator
+replaces with a size from its free memory: `microbatch_budget`). Activations kept for
 backward cost about 1 MiB per token on Gemma 3 270M, so a CPU box sharing its RAM with
 everything else gets small micro-batches; they are large enough to keep its cores busy."""
 DEFAULT_TOKENS_PER_MICROBATCH = 8192
@@ -51,6 +53,7 @@ class Training:
     batch_invariant: bool
     head_where_read: bool
     _can_pack: bool
+    size_microbatches: Callable[[], None]
 
     # ----------------------------------------------------------- validation
     def validate(self, job: ForwardBackwardJob) -> None:
@@ -114,6 +117,7 @@ class Training:
         Rows of one job stay contiguous; micro-batches split only between jobs or between rows,
         so gradient accumulation gives each run exactly the gradient of its own loss sum.
         """
+        self.size_microbatches()  # once, on an accelerator: from its free memory
         started = time.perf_counter()
         rows: list[tuple[int, int]] = [
             (j, i) for j, job in enumerate(jobs) for i in range(len(job.data))

@@ -115,6 +115,7 @@ class TrainingRequests(RunOrdering):
             "sampler_trainer_bitwise": invariant and self.sampler_is_engine,
             "sampling_backend": self.sampling_backend(),
             "deterministic": invariant or engine.deterministic,
+            "fused_optimizer": engine.fused_optimizer,
             "threads": torch.get_num_threads(),
         }
 

@@ -285,6 +285,7 @@ def test_the_capabilities_say_what_the_emulated_device_guarantees(emulated_serve
     assert facts["device"] == kind and facts["emulated"] is True
     assert facts["dtype"] == "bfloat16"
     assert facts["batch_invariant"] is False and facts["sampler_trainer_bitwise"] is False
+    assert facts["fused_optimizer"] is (kind == "cuda")
 
 
 def _capabilities(url: str) -> dict:

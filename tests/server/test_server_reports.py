@@ -40,3 +40,5 @@ def test_get_info_and_capabilities_describe_the_resident_model(tiny_server, serv
     # The default engine is batch-invariant, and says so (its sampler and trainer agree to the bit).
     assert model["batch_invariant"] is True and model["sampler_trainer_bitwise"] is True
     assert info["model_data"]["batch_invariant"] is True and model["threads"] >= 1
+    # The CPU keeps the per-tensor AdamW its bitwise references use; one sampler, the engine.
+    assert model["fused_optimizer"] is False and model["sampling_backend"] == "torch"
