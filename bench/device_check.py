@@ -127,7 +127,8 @@ def layout_facts(engine: Engine) -> dict:
             "invariant_path_default": engine.batch_invariant,
             "batch_invariant_claimed": engine.invariance_guaranteed,
             "sampler_trainer_bitwise_claimed": engine.invariance_guaranteed,
-            "deterministic": engine.invariance_guaranteed or engine.deterministic}
+            "deterministic": engine.invariance_guaranteed or engine.deterministic,
+            "fused_optimizer": engine.fused_optimizer}
 
 
 def first_samples(engine: Engine) -> dict:
@@ -353,6 +354,9 @@ def step_speed(engine: Engine, roofline_tflops: float) -> dict:
         flops = 4 * params * tokens
         out[name] = {"seconds": round(seconds, 3), "tokens/s": round(tokens / seconds),
                      "roofline_fraction": round(flops / seconds / (roofline_tflops * 1e12), 3)}
+    # Sized from free memory at the first step above (or fixed, with the reason).
+    out["microbatch"] = {"tokens": engine.tokens_per_microbatch,
+                         "sizing": engine.microbatch_sizing}
     return out
 
 
