@@ -144,10 +144,12 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     """The single process's sampler: vLLM beside the engine on CUDA, or the engine itself."""
+    from server.samplers.colocated import SAMPLERS
+
     group = parser.add_argument_group("sampling (the single process)")
     group.add_argument(
         "--sampler",
-        choices=("auto", "vllm", "torch"),
+        choices=SAMPLERS,
         default="auto",
         help="auto: vLLM beside the engine on CUDA when it can start (else the engine); vllm: "
         "always try it; torch: the engine samples (bit-equal to training where invariant)",

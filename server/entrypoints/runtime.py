@@ -10,7 +10,7 @@ import asyncio
 import logging
 import socket
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import uvicorn
@@ -107,9 +107,9 @@ def attach_sampler(service: TrainingService, config: ServerConfig) -> None:
     """vLLM beside the engine where `config.sampling` asks for it and it starts; else the
     engine samples (the reason logged). The single process only: a trainer role has no
     sampler."""
-    model = config.model or str(embedded_cache_path())
-    beside = start_beside(service.engine, config.sampling, model, config.data_dir,
-                          service.metrics)
+    model = str(embedded_cache_path()) if is_embedded(config.model) else str(config.model)
+    sampling = replace(config.sampling, port=config.sampling.port or free_port())
+    beside = start_beside(service.engine, sampling, model, config.data_dir, service.metrics)
     if beside is not None:
         service.attach_vllm(beside)
 

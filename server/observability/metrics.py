@@ -53,6 +53,20 @@ class DutyCycle:
         return min(1.0, busy / span)
 
 
+def fallbacks_counter(registry: CollectorRegistry, reasons: tuple[str, ...] = ()) -> Counter:
+    """`autoresearch_sampler_fallbacks_total{reason}`, the same series wherever vLLM samples (a
+    sampler worker, the single process beside its engine); `reasons` start at zero."""
+    counter = Counter(
+        "autoresearch_sampler_fallbacks",
+        "Sampling requests served by the torch sampler instead of vLLM, by reason",
+        ["reason"],
+        registry=registry,
+    )
+    for reason in reasons:
+        counter.labels(reason)
+    return counter
+
+
 class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -128,12 +142,7 @@ class ServerMetrics:
             ["backend"],
             registry=r,
         )
-        self.sampler_fallbacks = Counter(
-            "autoresearch_sampler_fallbacks",
-            "Sampling requests served by the torch engine instead of vLLM, by reason",
-            ["reason"],
-            registry=r,
-        )
+        self.sampler_fallbacks = fallbacks_counter(r)
         # Labelled series exist only once touched: create the known ones at zero, so a scrape
         # (and a rate() over it) sees every documented series before the first event.
         for reason in ("max_runs", "queued_tokens"):
@@ -188,14 +197,7 @@ class SamplerWorkerMetrics:
 
     def __init__(self, reasons: tuple[str, ...]) -> None:
         self.registry = CollectorRegistry()
-        self.fallbacks = Counter(
-            "autoresearch_sampler_fallbacks",
-            "Sampling requests served by the torch sampler instead of vLLM, by reason",
-            ["reason"],
-            registry=self.registry,
-        )
-        for reason in reasons:
-            self.fallbacks.labels(reason)
+        self.fallbacks = fallbacks_counter(self.registry, reasons)
 
     def count_fallback(self, reason: str, requests: int) -> None:
         self.fallbacks.labels(reason).inc(requests)

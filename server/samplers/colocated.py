@@ -20,7 +20,6 @@ from __future__ import annotations
 import atexit
 import logging
 import shlex
-import socket
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -54,7 +53,8 @@ class VLLMOptions:
     """The command that starts vLLM (`vllm`; a stand-in's `python -m ...` where there is no
     GPU)."""
     port: int = 0
-    """The port the started vLLM listens on (0: a free one)."""
+    """The port the started vLLM listens on (the command line's 0: a free one, picked by the
+    caller)."""
     gpu_memory_utilization: float = 0.3
     """vLLM's share of the GPU's memory (weights, KV cache, CUDA graphs); the engine, loaded
     first, trains in what is left."""
@@ -148,8 +148,8 @@ def start_beside(engine: Engine, options: VLLMOptions, model: str, data_dir: Pat
                  metrics: ServerMetrics) -> VLLMBeside | None:
     """vLLM for `engine`'s model, started (or joined at `options.url`) and checked, or None with
     the reason logged (and counted, where the server would have sampled on vLLM) when this
-    server samples on its engine. `model` is what vLLM loads: the engine's directory or Hub id.
-    """
+    server samples on its engine. `model` is what vLLM loads: the engine's directory or Hub id;
+    a vLLM to start listens on `options.port`."""
     fallbacks = FallbackLog(metrics.count_fallback)
     use, why = wants_vllm(options, engine.layout.kind)
     if not use:
@@ -160,13 +160,12 @@ def start_beside(engine: Engine, options: VLLMOptions, model: str, data_dir: Pat
     server = None
     url = options.url
     if url is None:
-        port = options.port or _free_port()
         argv, env = serve_command(
-            model, served_model_name=engine.model_name, port=port,
+            model, served_model_name=engine.model_name, port=options.port,
             max_loras=options.max_loras, max_lora_rank=options.max_lora_rank,
             gpu_memory_utilization=options.gpu_memory_utilization,
             executable=options.executable, batch_invariant=engine.invariance_guaranteed)
-        url = f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{options.port}"
         server = VLLMServer(argv, env, url, data_dir / "vllm" / "vllm.log")
         log.info("starting vLLM beside the engine (%s of the GPU's memory): %s",
                  options.gpu_memory_utilization, shlex.join(argv))
@@ -191,8 +190,3 @@ def start_beside(engine: Engine, options: VLLMOptions, model: str, data_dir: Pat
     log.info("sampling on vLLM at %s; runs it cannot serve sample on the torch engine", url)
     return VLLMBeside(sampler, server, fallbacks, metrics, options.max_in_flight)
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Iterable
 
 from server.engine.engine import SampleJob
+from server.engine.lora import AdapterWeights
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +23,11 @@ RANK_OVER_LIMIT = "rank_over_limit"
 UNAVAILABLE = "vllm_unavailable"
 """No usable vLLM server: every request goes to the torch sampler."""
 REASONS = (UNSERVABLE, RANK_OVER_LIMIT, UNAVAILABLE)
+
+
+def trained_modules(adapter: AdapterWeights) -> set[str]:
+    """The last names of the modules an adapter trains (`q_proj`, `lm_head`)."""
+    return {name.rsplit(".", 1)[-1] for name in adapter.a}
 
 
 def unservable_reason(rank: int, modules: Iterable[str], servable: Iterable[str],
@@ -68,7 +74,7 @@ class FallbackLog:
             adapter = job.adapter
             if adapter is None:
                 continue
-            modules = {n.rsplit(".", 1)[-1] for n in adapter.a}
+            modules = trained_modules(adapter)
             reason = unservable_reason(adapter.spec.rank, modules, servable, max_rank)
             if reason is None:
                 continue

@@ -49,7 +49,7 @@ from server.samplers.completions import (
     prompt_logprobs_body,
     wants_prompt_logprobs,
 )
-from server.samplers.fallbacks import FallbackLog, explain, unservable_reason
+from server.samplers.fallbacks import FallbackLog, explain, trained_modules, unservable_reason
 from server.samplers.openai_http import (
     OpenAICompatClient,
     VLLMError,
@@ -235,9 +235,8 @@ class VLLMSampler:
         """Why vLLM cannot sample this job's adapter (`fallbacks.REASONS`), or None."""
         if job.adapter is None:
             return None
-        modules = {name.rsplit(".", 1)[-1] for name in job.adapter.a}
-        return unservable_reason(job.adapter.spec.rank, modules, self.servable_modules,
-                                 self.max_lora_rank)
+        return unservable_reason(job.adapter.spec.rank, trained_modules(job.adapter),
+                                 self.servable_modules, self.max_lora_rank)
 
     def why_not(self, rank: int, modules: set[str]) -> str | None:
         """For a run being created: the sentence saying why its samples will not come from
@@ -271,11 +270,8 @@ class VLLMSampler:
     def _refusal(self, job: SampleJob) -> str:
         adapter = job.adapter
         assert adapter is not None
-        modules = {name.rsplit(".", 1)[-1] for name in adapter.a}
-        reason = self.unservable_reason(job) or ""
         return ("vLLM cannot sample this adapter and there is no torch sampler to fall back on: "
-                + explain(reason, adapter.spec.rank, modules, self.servable_modules,
-                          self.max_lora_rank))
+                + str(self.why_not(adapter.spec.rank, trained_modules(adapter))))
 
     def _check_semantics(self, job: SampleJob) -> None:
         p = job.params
