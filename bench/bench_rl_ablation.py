@@ -60,7 +60,7 @@ def _interval(values: list[float]) -> str:
     return f"{est.value:+.3f} [{est.low:+.3f}, {est.high:+.3f}]"
 
 
-def _accuracy(verdicts: dict[str, bool], tasks: list[str]) -> float:
+def accuracy(verdicts: dict[str, bool], tasks: list[str]) -> float:
     return sum(bool(verdicts[k]) for k in tasks) / len(tasks)
 
 
@@ -70,7 +70,7 @@ def summarise(directory: Path, arms: list[str], seeds: int) -> None:
     warmup = next(t for t in trials if t["role"] == "warmup")
     start = warmup["dev"]["verdicts"]
     tasks = sorted(start)
-    base_acc = _accuracy(start, tasks)
+    base_acc = accuracy(start, tasks)
     by_arm: dict[str, dict[int, dict[str, Any]]] = {a: {} for a in arms}
     for t in trials:
         if t["role"] == "warmup" or not t.get("dev"):
@@ -88,9 +88,9 @@ def summarise(directory: Path, arms: list[str], seeds: int) -> None:
         runs = by_arm[arm]
         if not runs:
             continue
-        acc = {s: _accuracy(t["dev"]["verdicts"], tasks) for s, t in sorted(runs.items())}
+        acc = {s: accuracy(t["dev"]["verdicts"], tasks) for s, t in sorted(runs.items())}
         old = by_arm.get("old", {})
-        paired = [acc[s] - _accuracy(old[s]["dev"]["verdicts"], tasks)
+        paired = [acc[s] - accuracy(old[s]["dev"]["verdicts"], tasks)
                   for s in acc if s in old] if arm != "old" else []
         used = drawn = empty = samples = 0
         seconds = 0.0

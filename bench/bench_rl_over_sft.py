@@ -31,15 +31,21 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
 from autoresearch.evaluation.stats import paired_t, wilson
 from autoresearch.rl.config import TrialConfig
-from autoresearch.rl.record import CONFIG_FILE, TrialRecord, step_seconds
+from autoresearch.rl.record import TrialRecord, step_seconds
 from autoresearch.rl.trial import run_trial
-from bench.bench_transfer_learning import API_KEY, SPLITS, _setting, _weight
+from bench.bench_rl_ablation import accuracy
+from bench.bench_transfer_learning import (
+    API_KEY,
+    SPLITS,
+    _setting,
+    _weight,
+    saved_run,
+    sft_checkpoint,
+)
 from rewards import RewardPool
 from server.entrypoints.runtime import ServerConfig, ServerThread
 
@@ -50,13 +56,8 @@ REPEATED_FIELDS = ("loss", "reward_mean", "entropy", "groups_used", "groups_draw
 
 def source(run: Path) -> tuple[TrialConfig, str]:
     """The source run's config and the path of its last SFT checkpoint."""
-    record = TrialRecord(run / "transfer-learning")
-    config = TrialConfig.model_validate(yaml.safe_load((record.dir / CONFIG_FILE).read_text()))
-    sft = [c["path"] for c in record.of_type("checkpoint")
-           if c["phase"] == "sft" and c["step"] == config.sft.steps]
-    if not sft:
-        raise SystemExit(f"{run} holds no finished SFT ({config.sft.steps} steps) to fork from")
-    return config, sft[0]
+    record, config = saved_run(run)
+    return config, sft_checkpoint(record, config)
 
 
 def configs(base: TrialConfig, sft: str, seeds: list[int], rl: dict[str, Any],
@@ -75,10 +76,6 @@ def configs(base: TrialConfig, sft: str, seeds: list[int], rl: dict[str, Any],
 
 def verdicts(record: TrialRecord) -> dict[str, dict[str, bool]]:
     return {e["split"]: e["verdicts"] for e in record.of_type("eval")}
-
-
-def accuracy(v: dict[str, bool], tasks: list[str]) -> float:
-    return sum(bool(v[t]) for t in tasks) / len(tasks)
 
 
 def rl_counts(record: TrialRecord) -> dict[str, float]:

@@ -178,6 +178,22 @@ def untrained_adapter(url: str, config: TrialConfig) -> str:
     return training.save_state("untrained").result().path
 
 
+def saved_run(out: Path) -> tuple[TrialRecord, TrialConfig]:
+    """The record and config of the run a `--out` directory holds."""
+    record = TrialRecord(out / "transfer-learning")
+    config = TrialConfig.model_validate(yaml.safe_load((record.dir / CONFIG_FILE).read_text()))
+    return record, config
+
+
+def sft_checkpoint(record: TrialRecord, config: TrialConfig) -> str:
+    """The path of the run's last SFT checkpoint (after `config.sft.steps` steps)."""
+    found = [c["path"] for c in record.of_type("checkpoint")
+             if c["phase"] == "sft" and c["step"] == config.sft.steps]
+    if not found:
+        raise SystemExit(f"{record.dir} holds no finished SFT ({config.sft.steps} steps)")
+    return found[0]
+
+
 def rescore(out: Path, server_config: ServerConfig, vote: int = 0,
             temperature: float = 0.8, stages: tuple[str, ...] = ("base", "sft", "final"),
             splits: tuple[str, ...] = SPLITS, snap: bool = False,
@@ -192,13 +208,11 @@ def rescore(out: Path, server_config: ServerConfig, vote: int = 0,
     the answers without it of the same pass and their paired differences (a vote costs about
     `vote` times the sampling). Each split is scored on as many tasks as the run's own config
     says, or `tasks` where it scored none (a run trained with `--train-only`)."""
-    record = TrialRecord(out / "transfer-learning")
-    config = TrialConfig.model_validate(yaml.safe_load((record.dir / CONFIG_FILE).read_text()))
+    record, config = saved_run(out)
     final = record.final()
     if final is None:
         raise SystemExit(f"{out} holds no finished run to rescore")
-    sft = next(c["path"] for c in record.of_type("checkpoint")
-               if c["phase"] == "sft" and c["step"] == config.sft.steps)
+    sft = sft_checkpoint(record, config)
     decoding = bool(vote or snap or snap_values)
     counts = {split: getattr(config.eval, f"{split}_tasks") or (tasks or {}).get(split, 0)
               for split in SPLITS}
